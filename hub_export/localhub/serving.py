@@ -1,0 +1,139 @@
+"""Run the local hub: blocking (the CLI) or in a background thread (tests, demos)."""
+
+from __future__ import annotations
+
+import ipaddress
+import logging
+import os
+import sys
+import socket
+import threading
+import time
+from pathlib import Path
+
+import uvicorn
+from uvicorn.config import LOGGING_CONFIG
+
+from ..errors import InputError
+from .server import create_app
+
+DEFAULT_HOST = "127.0.0.1"
+DEFAULT_PORT = 7863
+
+
+def default_root() -> Path:
+    """``$HUB_EXPORT_HUB_ROOT``, else ``~/.cache/hub-export/localhub``."""
+    env = os.environ.get("HUB_EXPORT_HUB_ROOT")
+    return Path(env).expanduser() if env else Path.home() / ".cache" / "hub-export" / "localhub"
+
+
+def is_loopback(host: str) -> bool:
+    if host == "localhost":
+        return True
+    try:
+        return ipaddress.ip_address(host.strip("[]")).is_loopback
+    except ValueError:
+        return False
+
+
+def check_host(host: str, allow_remote: bool) -> None:
+    """Refuse to expose the hub beyond this machine unless asked to explicitly."""
+    if not allow_remote and not is_loopback(host):
+        raise InputError(
+            f"Refusing to serve on '{host}': the local hub is reachable only from this machine by default."
+            " Pass --allow-remote to listen on other interfaces."
+        )
+
+
+def _bind(host: str, port: int) -> socket.socket:
+    """Bind first, so port 0 yields a free port that we know before uvicorn starts."""
+    family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
+    sock = socket.socket(family, socket.SOCK_STREAM)
+    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+    try:
+        sock.bind((host.strip("[]"), port))
+    except OSError as e:
+        sock.close()
+        raise InputError(f"Cannot listen on {host}:{port}: {e.strerror or e}.") from e
+    return sock
+
+
+def _endpoint(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
+
+
+def _server(root: str | Path, sock: socket.socket, *, log: bool) -> uvicorn.Server:
+    config = uvicorn.Config(
+        create_app(root),
+        log_config=LOGGING_CONFIG if log else None,
+        access_log=False,  # our RequestLog writes a redacted line instead
+        lifespan="off",
+        timeout_graceful_shutdown=2,
+    )
+    return uvicorn.Server(config)
+
+
+def serve(root: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, allow_remote: bool = False) -> None:
+    """Serve until interrupted. Prints the endpoint once listening."""
+    check_host(host, allow_remote)
+    sock = _bind(host, port)
+    server = _server(root, sock, log=True)
+    handler = logging.StreamHandler(sys.stderr)
+    handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
+    request_log = logging.getLogger("hub_export.localhub")
+    request_log.addHandler(handler)
+    request_log.setLevel(logging.INFO)
+    endpoint = _endpoint(sock)
+    print(f"Local hub at {endpoint}  (root: {Path(root).expanduser()})", flush=True)
+    print(f"Use it with: HF_ENDPOINT={endpoint} HF_HUB_DISABLE_XET=1", flush=True)
+    server.run(sockets=[sock])
+
+
+class LocalHub:
+    """A hub running in a background thread. Use ``.endpoint``; call ``.stop()`` (or use ``with``)."""
+
+    def __init__(self, root: Path, endpoint: str, server: uvicorn.Server, thread: threading.Thread):
+        self.root = root
+        self.endpoint = endpoint
+        self._server = server
+        self._thread = thread
+
+    def stop(self) -> None:
+        self._server.should_exit = True
+        self._thread.join(timeout=10)
+
+    def __enter__(self) -> LocalHub:
+        return self
+
+    def __exit__(self, *exc: object) -> None:
+        self.stop()
+
+    def __repr__(self) -> str:
+        return f"LocalHub(endpoint={self.endpoint!r}, root={str(self.root)!r})"
+
+
+def serve_in_thread(
+    root: str | Path,
+    host: str = DEFAULT_HOST,
+    port: int = 0,
+    *,
+    allow_remote: bool = False,
+    timeout: float = 10.0,
+) -> LocalHub:
+    """Start a hub on ``root`` in a daemon thread (``port=0``: a free port); return once it accepts requests."""
+    check_host(host, allow_remote)
+    root = Path(root).expanduser()
+    sock = _bind(host, port)
+    endpoint = _endpoint(sock)
+    server = _server(root, sock, log=False)
+    thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="localhub", daemon=True)
+    thread.start()
+    deadline = time.monotonic() + timeout
+    while not server.started:
+        if not thread.is_alive() or time.monotonic() > deadline:
+            server.should_exit = True
+            sock.close()
+            raise RuntimeError(f"The local hub on {endpoint} did not start within {timeout:.0f}s.")
+        time.sleep(0.01)
+    return LocalHub(root, endpoint, server, thread)
