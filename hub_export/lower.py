@@ -1,0 +1,69 @@
+"""Lower: an ``ExportedProgram`` becomes ExecuTorch ``.pte`` bytes via XNNPACK."""
+
+from __future__ import annotations
+
+from typing import Any
+
+import torch
+
+
+def runner_metadata(
+    *,
+    max_seq_len: int,
+    bos_id: int | None,
+    eos_ids: list[int],
+    vocab_size: int,
+    dynamic_shape: bool,
+) -> dict[str, Any]:
+    """The constant methods ExecuTorch's ``TextLLMRunner`` reads from a ``.pte``.
+
+    Names follow ``extension/llm/runner/constants.h``; ``get_eos_ids`` is plural (a
+    list), which is what the runner reads.
+    """
+    metadata: dict[str, Any] = {
+        "get_max_seq_len": max_seq_len,
+        "get_max_context_len": max_seq_len,
+        "get_vocab_size": vocab_size,
+        "get_eos_ids": list(eos_ids),
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": True,
+        "enable_dynamic_shape": dynamic_shape,
+    }
+    if bos_id is not None:
+        metadata["get_bos_id"] = bos_id
+    return metadata
+
+
+def is_dynamic(program: torch.export.ExportedProgram) -> bool:
+    """True when the program's token input really has a symbolic sequence length."""
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name == "input_ids":
+            shape = node.meta["val"].shape
+            return any(not isinstance(dim, int) for dim in shape)
+    return False
+
+
+def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any]) -> bytes:
+    """Partition to XNNPACK, plan memory and serialize.
+
+    ``do_quant_fusion_and_const_prop`` folds torchao's weight-only dequantize patterns
+    (e.g. quantized embeddings) into ops the runtime has kernels for.
+    """
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+
+    edge = to_edge_transform_and_lower(
+        program,
+        partitioner=[XnnpackPartitioner()],
+        compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+        constant_methods=metadata,
+    )
+    executorch_program = edge.to_executorch(
+        ExecutorchBackendConfig(
+            extract_delegate_segments=True,
+            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+            do_quant_fusion_and_const_prop=True,
+        )
+    )
+    return executorch_program.buffer

@@ -1,0 +1,157 @@
+"""Quantize: torchao weight (and activation) quantization as a small registry.
+
+A *qmode* names how linear layers are quantized, a *qembedding* how the token
+embedding is. Both are applied in place with ``torchao.quantization.quantize_`` on a
+fresh copy of the fp32 model, so every variant starts from the unquantized weights.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass
+from typing import Callable
+
+import torch
+from torch import nn
+
+log = logging.getLogger(__name__)
+
+DEFAULT_GROUP_SIZE = 32
+
+
+@dataclass(frozen=True)
+class QMode:
+    """One linear-layer quantization recipe."""
+
+    name: str
+    description: str
+    weight_bits: int  # 32 means "not quantized"
+    grouped: bool  # does --group-size apply?
+    config: Callable[[object], object] | None  # granularity -> torchao config
+
+
+def _torchao():
+    from torchao.quantization import (
+        Int8DynamicActivationIntxWeightConfig,
+        IntxWeightOnlyConfig,
+        PerAxis,
+        PerGroup,
+    )
+
+    return Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, PerAxis, PerGroup
+
+
+def _dynamic_act(bits: int):
+    def make(granularity):
+        config_cls, _, _, _ = _torchao()
+        return config_cls(weight_dtype=getattr(torch, f"int{bits}"), weight_granularity=granularity)
+
+    return make
+
+
+def _weight_only(bits: int):
+    def make(granularity):
+        _, config_cls, _, _ = _torchao()
+        return config_cls(weight_dtype=getattr(torch, f"int{bits}"), granularity=granularity)
+
+    return make
+
+
+QMODES: dict[str, QMode] = {
+    mode.name: mode
+    for mode in (
+        QMode("fp32", "no quantization (float32 weights)", 32, False, None),
+        QMode("8da4w", "int8 dynamic activations, int4 grouped weights", 4, True, _dynamic_act(4)),
+        QMode("8da8w", "int8 dynamic activations, int8 per-channel weights", 8, False, _dynamic_act(8)),
+        QMode("4w", "int4 grouped weight-only", 4, True, _weight_only(4)),
+        QMode("8w", "int8 per-channel weight-only", 8, False, _weight_only(8)),
+    )
+}
+
+QEMBEDDINGS: dict[str, int] = {"4w": 4, "8w": 8}
+
+
+def _granularity(grouped: bool, group_size: int):
+    _, _, PerAxis, PerGroup = _torchao()
+    return PerGroup(group_size) if grouped else PerAxis(0)
+
+
+def quantize_linears(model: nn.Module, qmode: str, group_size: int = DEFAULT_GROUP_SIZE) -> list[str]:
+    """Quantize every ``nn.Linear`` of ``model`` in place.
+
+    Layers whose input width ``group_size`` does not divide fall back to per-channel
+    quantization (with a warning); their names are returned.
+    """
+    from torchao.quantization import quantize_
+
+    mode = QMODES[qmode]
+    if mode.config is None:
+        return []
+    fallback: list[str] = []
+    if mode.grouped:
+        fallback = [
+            name
+            for name, module in model.named_modules()
+            if isinstance(module, nn.Linear) and module.in_features % group_size
+        ]
+        if fallback:
+            log.warning(
+                "group size %d does not divide the input width of %d layer(s) (%s%s); "
+                "quantizing those per channel",
+                group_size,
+                len(fallback),
+                ", ".join(fallback[:3]),
+                ", ..." if len(fallback) > 3 else "",
+            )
+    fallback_set = set(fallback)
+
+    def grouped(module, fqn):
+        return isinstance(module, nn.Linear) and fqn not in fallback_set
+
+    def per_channel(module, fqn):
+        return isinstance(module, nn.Linear) and fqn in fallback_set
+
+    quantize_(model, mode.config(_granularity(mode.grouped, group_size)), filter_fn=grouped)
+    if fallback:
+        quantize_(model, mode.config(_granularity(False, group_size)), filter_fn=per_channel)
+    return fallback
+
+
+def quantize_embeddings(model: nn.Module, qembedding: str | None) -> None:
+    """Quantize the token embedding(s) weight-only, per row (``4w`` or ``8w``)."""
+    if not qembedding:
+        return
+    from torchao.quantization import quantize_
+
+    bits = QEMBEDDINGS[qembedding]
+    _, config_cls, PerAxis, _ = _torchao()
+    config = config_cls(weight_dtype=getattr(torch, f"int{bits}"), granularity=PerAxis(0))
+    quantize_(model, config, filter_fn=lambda module, fqn: isinstance(module, nn.Embedding))
+
+
+def quantize_model(
+    model: nn.Module, qmode: str, qembedding: str | None = None, group_size: int = DEFAULT_GROUP_SIZE
+) -> list[str]:
+    """Apply ``qembedding`` then ``qmode`` to ``model`` in place; returns per-channel fallbacks.
+
+    The embedding goes first so that, when input and output embeddings are tied, each
+    one gets its own recipe instead of the second quantization seeing the first's
+    already-quantized tensor.
+    """
+    quantize_embeddings(model, qembedding)
+    return quantize_linears(model, qmode, group_size)
+
+
+def validate(qmodes: list[str], qembedding: str | None, group_size: int) -> None:
+    """Raise :class:`~hub_export.errors.InputError` for an unknown mode or a bad group size."""
+    from .errors import InputError
+
+    for mode in qmodes:
+        if mode not in QMODES:
+            raise InputError(f"unknown --qmode {mode!r}; choose from {', '.join(QMODES)}")
+    if len(set(qmodes)) != len(qmodes):
+        raise InputError("each --qmode may be given once")
+    if qembedding and qembedding not in QEMBEDDINGS:
+        raise InputError(f"unknown --qembedding {qembedding!r}; choose from {', '.join(QEMBEDDINGS)}")
+    if group_size <= 0 or group_size % 2:
+        raise InputError(f"--group-size must be a positive even number (got {group_size}); 32 is typical")

@@ -1,0 +1,193 @@
+"""Source: resolve a Hub repo id or a local folder into files on disk, checked.
+
+Only what the export needs is downloaded: config, generation config, safetensors
+shards and tokenizer files. Everything that could make the export unsafe or
+unfaithful is refused here, before any heavy work starts.
+"""
+
+from __future__ import annotations
+
+import json
+import os
+from dataclasses import dataclass, field
+from fnmatch import fnmatch
+from pathlib import Path
+
+from .errors import InputError, SourceError
+
+CONFIG_FILES = ["config.json", "generation_config.json"]
+WEIGHT_PATTERNS = ["*.safetensors", "model.safetensors.index.json"]
+PICKLE_PATTERNS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
+TOKENIZER_FILES = [
+    "tokenizer.json",
+    "tokenizer_config.json",
+    "special_tokens_map.json",
+    "added_tokens.json",
+    "chat_template.jinja",
+    "chat_template.json",
+    "tokenizer.model",
+    "vocab.json",
+    "merges.txt",
+]
+CARD_FILE = "README.md"
+
+
+@dataclass
+class Source:
+    """A model ready to load: its folder and where it came from."""
+
+    path: Path
+    name: str  # repo id, or the folder's name for a local source
+    revision: str | None  # resolved commit sha on the Hub, None for a folder
+    is_local: bool
+    config: dict = field(default_factory=dict)
+
+    @property
+    def model_type(self) -> str:
+        return self.config.get("model_type", "")
+
+
+def _matches(name: str, patterns: list[str]) -> bool:
+    return any(fnmatch(name, pattern) for pattern in patterns)
+
+
+def _hub_errors():
+    from huggingface_hub.errors import (
+        GatedRepoError,
+        HfHubHTTPError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    return GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
+
+
+def _model_info(repo_id: str, revision: str | None, token: str | None, endpoint: str | None):
+    from huggingface_hub import HfApi
+
+    gated, http_error, not_found, revision_not_found = _hub_errors()
+    api = HfApi(endpoint=endpoint, token=token)
+    try:
+        return api.model_info(repo_id, revision=revision)
+    except gated:
+        raise SourceError(
+            f"{repo_id} is gated: accept its license on the Hub, then pass --token or set HF_TOKEN"
+        ) from None
+    except revision_not_found:
+        raise SourceError(f"revision {revision!r} not found in {repo_id}") from None
+    except not_found:
+        raise SourceError(
+            f"model {repo_id!r} not found on {api.endpoint} (check the id; for a private repo pass --token)"
+        ) from None
+    except http_error as error:
+        status = error.response.status_code if error.response is not None else "?"
+        raise SourceError(f"the Hub refused access to {repo_id} (HTTP {status}); check --token") from None
+    except (OSError, ConnectionError) as error:
+        raise SourceError(
+            f"cannot reach {api.endpoint} ({type(error).__name__}); check the network or --endpoint/HF_ENDPOINT"
+        ) from None
+
+
+def _download(repo_id, sha, files, token, endpoint, cache_dir) -> Path:
+    from huggingface_hub import snapshot_download
+
+    _, http_error, _, _ = _hub_errors()
+    try:
+        folder = snapshot_download(
+            repo_id, revision=sha, allow_patterns=files, token=token, endpoint=endpoint, cache_dir=cache_dir
+        )
+    except http_error as error:
+        raise SourceError(f"download of {repo_id} failed: {str(error).splitlines()[0]}") from None
+    except (OSError, ConnectionError) as error:
+        raise SourceError(f"download of {repo_id} failed ({type(error).__name__}); retry or check the network") from None
+    return Path(folder)
+
+
+def _select_files(names: list[str], allow_pickle: bool, where: str) -> list[str]:
+    if "config.json" not in names:
+        raise SourceError(f"{where} has no config.json; is it a transformers model?")
+    weights = [n for n in names if _matches(n, WEIGHT_PATTERNS)]
+    if not any(n.endswith(".safetensors") for n in weights):
+        pickles = [n for n in names if _matches(n, PICKLE_PATTERNS)]
+        if not pickles:
+            raise SourceError(f"{where} has no *.safetensors weights")
+        if not allow_pickle:
+            raise InputError(
+                f"{where} only has pickle weights ({pickles[0]}), which can run code when loaded; "
+                "pass --allow-pickle if you trust the source"
+            )
+        weights = pickles
+    wanted = [n for n in names if n in CONFIG_FILES or n in TOKENIZER_FILES or n == CARD_FILE]
+    return wanted + weights
+
+
+def _read_config(folder: Path, where: str) -> dict:
+    try:
+        return json.loads((folder / "config.json").read_text())
+    except (OSError, json.JSONDecodeError) as error:
+        raise SourceError(f"{where}/config.json is unreadable ({error.__class__.__name__})") from None
+
+
+def check_safety(config: dict, where: str, trust_remote_code: bool) -> None:
+    """Refuse remote code unless the user trusts it."""
+    if config.get("auto_map") and not trust_remote_code:
+        raise InputError(
+            f"{where} needs custom (remote) code to load; pass --trust-remote-code only if you trust its author"
+        )
+
+
+def check_tokenizer(folder: Path, where: str) -> None:
+    if not (folder / "tokenizer.json").is_file():
+        raise SourceError(
+            f"{where} has no tokenizer.json (the ExecuTorch runner reads it); add one, e.g. with "
+            "AutoTokenizer.from_pretrained(...).save_pretrained(folder)"
+        )
+
+
+def resolve(
+    source: str,
+    *,
+    revision: str | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    cache_dir: str | os.PathLike | None = None,
+    precheck=None,
+) -> Source:
+    """Resolve ``source`` (a local folder or a Hub repo id) into a checked :class:`Source`.
+
+    ``precheck(config_dict)`` runs on the config before any weight is downloaded.
+
+    Example:
+        >>> src = resolve("HuggingFaceTB/SmolLM2-135M", revision="main")
+        >>> src.model_type
+        'llama'
+    """
+    local = Path(source).expanduser()
+    if local.is_dir():
+        where = local.name
+        names = [p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()]
+        _select_files(names, allow_pickle, where)
+        config = _read_config(local, where)
+        check_safety(config, where, trust_remote_code)
+        check_tokenizer(local, where)
+        if precheck is not None:
+            precheck(config)
+        return Source(local.resolve(), where, None, True, config)
+    if source.startswith((".", "/", "~")) or source.count("/") > 1:
+        raise InputError(f"{source!r} is neither an existing folder nor a Hub repo id like org/name")
+
+    info = _model_info(source, revision, token, endpoint)
+    names = [s.rfilename for s in info.siblings or []]
+    files = _select_files(names, allow_pickle, source)
+    # Config first: refuse remote code and unsupported architectures before the weights.
+    folder = _download(source, info.sha, ["config.json"], token, endpoint, cache_dir)
+    config = _read_config(folder, source)
+    check_safety(config, source, trust_remote_code)
+    if "tokenizer.json" not in names:
+        check_tokenizer(folder, source)
+    if precheck is not None:
+        precheck(config)
+    folder = _download(source, info.sha, files, token, endpoint, cache_dir)
+    return Source(folder, source, info.sha, False, config)

@@ -1,0 +1,188 @@
+"""Wrap: make a transformers decoder exportable with a static KV cache.
+
+The wrapped module has the signature the ExecuTorch LLM runner calls,
+``forward(input_ids[1, seq], cache_position[seq]) -> logits[1, 1, vocab]``, and routes
+attention and cache writes through ExecuTorch's fused custom ops
+(``llama::custom_sdpa`` and ``llama::update_cache``), which keep the cache in
+``[batch, seq, heads, head_dim]`` layout and do causal masking from ``start_pos``
+inside the kernel: no mask tensor, no cache transposes, no GQA ``repeat_kv``.
+
+Only the last position's logits are returned: the runner samples from the last row
+anyway, and skipping the vocabulary projection for every other prompt token makes
+prefill cheaper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import threading
+from dataclasses import dataclass
+
+import torch
+from torch import nn
+
+ATTENTION_NAME = "hub_export_custom_sdpa"
+
+_state = threading.local()
+
+
+def _load_custom_ops() -> None:
+    # Importing registers llama::custom_sdpa / llama::update_cache with torch.
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+
+@dataclass(frozen=True)
+class CacheSpec:
+    """Shape of the KV cache for one model."""
+
+    num_layers: int
+    num_kv_heads: int
+    head_dim: int
+    max_seq_len: int
+
+
+def cache_spec(config, max_seq_len: int) -> CacheSpec:
+    """Derive the cache shape from a transformers text config."""
+    heads = config.num_attention_heads
+    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
+    kv_heads = getattr(config, "num_key_value_heads", None) or heads
+    return CacheSpec(config.num_hidden_layers, kv_heads, head_dim, max_seq_len)
+
+
+def _current_start_pos():
+    start_pos = getattr(_state, "start_pos", None)
+    if start_pos is None:
+        raise RuntimeError("custom_sdpa attention used outside of an ExportableDecoder forward")
+    return start_pos
+
+
+@contextlib.contextmanager
+def _start_pos(value):
+    # The attention function is called by transformers without the cache object, so
+    # the position is handed over through a thread-local for the length of a forward.
+    previous = getattr(_state, "start_pos", None)
+    _state.start_pos = value
+    try:
+        yield
+    finally:
+        _state.start_pos = previous
+
+
+class StaticKVCache(nn.Module):
+    """Per-layer key/value buffers in ``[1, max_seq_len, kv_heads, head_dim]`` layout.
+
+    Implements the one method transformers attention layers call on a cache,
+    ``update``; the writes go through ``llama::update_cache`` so they lower to an
+    in-place update in ExecuTorch instead of a full-cache copy.
+    """
+
+    def __init__(self, spec: CacheSpec, dtype: torch.dtype = torch.float32):
+        super().__init__()
+        shape = (1, spec.max_seq_len, spec.num_kv_heads, spec.head_dim)
+        for i in range(spec.num_layers):
+            self.register_buffer(f"k_{i}", torch.zeros(shape, dtype=dtype), persistent=False)
+            self.register_buffer(f"v_{i}", torch.zeros(shape, dtype=dtype), persistent=False)
+        self.num_layers = spec.num_layers
+
+    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
+        start_pos = _current_start_pos()
+        k_cache = getattr(self, f"k_{layer_idx}")
+        v_cache = getattr(self, f"v_{layer_idx}")
+        # transformers hands [B, H, S, D]; the cache ops expect [B, S, H, D].
+        torch.ops.llama.update_cache(key_states.transpose(1, 2), k_cache, start_pos)
+        torch.ops.llama.update_cache(value_states.transpose(1, 2), v_cache, start_pos)
+        return k_cache, v_cache
+
+    def reset(self) -> None:
+        for buffer in self.buffers():
+            buffer.zero_()
+
+
+def custom_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+    """transformers attention function backed by ``llama::custom_sdpa``.
+
+    ``key``/``value`` are the full cache buffers returned by :class:`StaticKVCache`;
+    the kernel reads positions ``[0, start_pos + seq)`` and applies the causal mask.
+    Returns ``[B, S, H, D]``, the layout transformers expects from attention.
+    """
+    start_pos = _current_start_pos()
+    output = torch.ops.llama.custom_sdpa(
+        query.transpose(1, 2), key, value, start_pos, None, 0.0, True, scaling
+    )
+    return output, None
+
+
+def register_attention() -> None:
+    """Register :func:`custom_sdpa_attention` with transformers (idempotent)."""
+    from transformers import AttentionInterface
+
+    _load_custom_ops()
+    AttentionInterface.register(ATTENTION_NAME, custom_sdpa_attention)
+
+
+def set_attention(model: nn.Module, name: str) -> str:
+    """Switch the attention implementation of ``model``; returns the previous one."""
+    previous = model.config._attn_implementation
+    model.config._attn_implementation = name
+    model.config.get_text_config()._attn_implementation = name
+    return previous
+
+
+@contextlib.contextmanager
+def eager_attention(model: nn.Module):
+    """Run ``model`` with stock SDPA attention, e.g. for a reference forward."""
+    previous = set_attention(model, "sdpa")
+    try:
+        yield model
+    finally:
+        set_attention(model, previous)
+
+
+class ExportableDecoder(nn.Module):
+    """A causal LM plus static KV cache with the ExecuTorch LLM runner's signature.
+
+    Example:
+        >>> wrapped = ExportableDecoder(model, max_seq_len=128)
+        >>> logits = wrapped(torch.tensor([[1, 2, 3]]), torch.arange(3))
+        >>> logits.shape  # last position only
+        torch.Size([1, 1, 32000])
+    """
+
+    def __init__(self, model: nn.Module, max_seq_len: int):
+        super().__init__()
+        register_attention()
+        set_attention(model, ATTENTION_NAME)
+        text_config = model.config.get_text_config()
+        self.model = model
+        self.max_seq_len = max_seq_len
+        self.cache = StaticKVCache(cache_spec(text_config, max_seq_len), dtype=model.dtype)
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        start_pos = cache_position[0].item()
+        torch._check_is_size(start_pos)
+        torch._check(start_pos < self.max_seq_len)
+        with _start_pos(start_pos):
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=cache_position.unsqueeze(0),
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        return out.logits
+
+
+def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
+    """``torch.export`` the wrapper with a dynamic sequence length (parallel prefill).
+
+    Strict export: non-strict breaks ``run_decompositions`` inside ExecuTorch's lowering.
+    """
+    max_prefill = wrapped.max_seq_len - 1
+    seq = torch.export.Dim("seq", min=1, max=max_prefill)
+    example_len = min(2, max_prefill)
+    example = (torch.zeros((1, example_len), dtype=torch.long), torch.arange(example_len))
+    dynamic = ({1: seq}, {0: seq}) if max_prefill > 1 else None
+    with torch.no_grad():
+        program = torch.export.export(wrapped, example, dynamic_shapes=dynamic, strict=True)
+    wrapped.cache.reset()
+    return program
