@@ -1,0 +1,308 @@
+"""Export: source -> wrap -> quantize -> lower -> verify, into one output folder.
+
+The source is loaded once; every variant starts from a copy of the unquantized
+weights. Output is written to a hidden sibling folder and moved into place only when
+every variant has passed, so a failed run leaves nothing behind.
+"""
+
+from __future__ import annotations
+
+import copy
+import gc
+import logging
+import shlex
+import shutil
+import tempfile
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Callable, Sequence
+
+import torch
+
+from . import archs, quantize, source as source_stage
+from .errors import InputError, VerificationError
+from .lower import is_dynamic, runner_metadata, to_pte
+from .manifest import Manifest, Variant, machine_description, package_versions, sha256_file
+from .verify import Reference, build_reference, verify
+from .wrap import ExportableDecoder, export_program
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_SEQ_LEN = 2048
+COPIED_FILES = source_stage.CONFIG_FILES + source_stage.TOKENIZER_FILES
+
+Progress = Callable[[str], None]
+
+
+@dataclass
+class ExportOptions:
+    """What to build. Mirrors the ``hub-export export`` flags."""
+
+    qmodes: Sequence[str] = ("8da4w",)
+    qembedding: str | None = None
+    group_size: int = quantize.DEFAULT_GROUP_SIZE
+    max_seq_len: int | None = None
+    verify: bool = True
+
+    def validate(self) -> None:
+        if not self.qmodes:
+            raise InputError("give at least one --qmode")
+        quantize.validate(list(self.qmodes), self.qembedding, self.group_size)
+        if self.max_seq_len is not None and self.max_seq_len < 2:
+            raise InputError(f"--max-seq-len must be at least 2 (got {self.max_seq_len})")
+
+
+def variant_filename(qmode: str, qembedding: str | None) -> str:
+    return f"model-{qmode}" + (f"-emb{qembedding}" if qembedding else "") + ".pte"
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _max_positions(config: dict) -> int | None:
+    text = config.get("text_config", config)
+    return text.get("max_position_embeddings") or text.get("n_positions")
+
+
+def resolve_max_seq_len(config: dict, requested: int | None) -> int:
+    """``requested`` checked against the model's limit, or a phone-friendly default."""
+    limit = _max_positions(config)
+    if requested is None:
+        return min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
+    if limit and requested > limit:
+        raise InputError(f"--max-seq-len {requested} is above the model's limit of {limit} positions")
+    return requested
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def token_ids(model) -> tuple[int | None, list[int]]:
+    """BOS id and the union of EOS ids from the generation config and the model config."""
+    gen = getattr(model, "generation_config", None)
+    text = _text_config(model.config)
+    bos = getattr(gen, "bos_token_id", None)
+    bos = bos if bos is not None else getattr(text, "bos_token_id", None)
+    eos: list[int] = []
+    for value in (getattr(gen, "eos_token_id", None), getattr(text, "eos_token_id", None)):
+        eos += [i for i in _ids(value) if i not in eos]
+    return (bos[0] if isinstance(bos, list) else bos), eos
+
+
+def load_model(path: Path, trust_remote_code: bool):
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, trust_remote_code=trust_remote_code, low_cpu_mem_usage=True
+    )
+    return model.eval()
+
+
+def _kind(qmode: str) -> str:
+    if qmode == "fp32":
+        return "fp32"
+    return "dynamic" if qmode.startswith("8da") else "weight_only"
+
+
+@dataclass
+class _Run:
+    """State shared by the variants of one export run."""
+
+    model: torch.nn.Module
+    src: source_stage.Source
+    options: ExportOptions
+    max_seq_len: int
+    workdir: Path
+    reference: Reference | None
+    say: Progress
+    variants: list[Variant] = field(default_factory=list)
+
+
+def _export_variant(run: _Run, qmode: str) -> Variant:
+    opts = run.options
+    name = variant_filename(qmode, opts.qembedding)
+    started = time.perf_counter()
+    run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})")
+    model = copy.deepcopy(run.model)
+    fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size)
+    run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})")
+    program = export_program(ExportableDecoder(model, run.max_seq_len))
+    bos, eos = token_ids(model)
+    metadata = runner_metadata(
+        max_seq_len=run.max_seq_len,
+        bos_id=bos,
+        eos_ids=eos,
+        vocab_size=_text_config(model.config).vocab_size,
+        dynamic_shape=is_dynamic(program),
+    )
+    run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)")
+    path = run.workdir / name
+    path.write_bytes(to_pte(program, metadata))
+    del program
+    gc.collect()
+    seconds = time.perf_counter() - started
+
+    verification: dict = {"skipped": True}
+    if run.reference is not None:
+        run.say(f"[{name}] verifying against eager and in TextLLMRunner")
+        result = verify(path, model, run.reference, run.src.path / "tokenizer.json", _kind(qmode))
+        verification = result.to_dict()
+        if not result.passed:
+            raise VerificationError(f"{name} failed verification: {result.failure}")
+    del model
+    gc.collect()
+    grouped = quantize.QMODES[qmode].grouped
+    return Variant(
+        file=name,
+        qmode=qmode,
+        qembedding=opts.qembedding,
+        group_size=opts.group_size if grouped else None,
+        max_seq_len=run.max_seq_len,
+        size_bytes=path.stat().st_size,
+        sha256=sha256_file(path),
+        metadata=metadata,
+        verification=verification,
+        export_seconds=round(seconds, 2),
+        per_channel_fallback=fallback,
+    )
+
+
+def _copy_source_files(src: source_stage.Source, workdir: Path) -> None:
+    for name in COPIED_FILES:
+        if (src.path / name).is_file():
+            shutil.copyfile(src.path / name, workdir / name)
+
+
+def _source_record(src: source_stage.Source, model) -> dict:
+    return {
+        "id": src.name,
+        "revision": src.revision,
+        "local": src.is_local,
+        "model_type": src.model_type,
+        "architecture": (model.config.architectures or [type(model).__name__])[0],
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+    }
+
+
+def _prepare_output(output_dir: Path, overwrite: bool) -> Path:
+    if output_dir.exists() and any(output_dir.iterdir()) and not overwrite:
+        raise InputError(f"{output_dir} is not empty; choose another -o or pass --overwrite")
+    output_dir.parent.mkdir(parents=True, exist_ok=True)
+    return Path(tempfile.mkdtemp(prefix=f".{output_dir.name}.partial-", dir=output_dir.parent))
+
+
+def _publish_folder(workdir: Path, output_dir: Path) -> None:
+    if output_dir.exists():
+        shutil.rmtree(output_dir)
+    workdir.rename(output_dir)
+
+
+def export(
+    source: str,
+    output_dir: str | Path,
+    *,
+    qmodes: Sequence[str] = ("8da4w",),
+    qembedding: str | None = None,
+    group_size: int = quantize.DEFAULT_GROUP_SIZE,
+    max_seq_len: int | None = None,
+    verify: bool = True,
+    revision: str | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    overwrite: bool = False,
+    command: str | None = None,
+    progress: Progress | None = None,
+) -> Manifest:
+    """Export ``source`` to verified ExecuTorch ``.pte`` variants in ``output_dir``.
+
+    Example:
+        >>> manifest = export("HuggingFaceTB/SmolLM2-135M", "out", qmodes=["8da4w", "fp32"], max_seq_len=256)
+        >>> [v.file for v in manifest.variants]
+        ['model-8da4w.pte', 'model-fp32.pte']
+    """
+    options = ExportOptions(qmodes, qembedding, group_size, max_seq_len, verify)
+    options.validate()
+    say = progress or (lambda message: log.info(message))
+    output_dir = Path(output_dir)
+    resolved_len: dict[str, int] = {}
+
+    def precheck(config: dict) -> None:
+        resolved_len["value"] = resolve_max_seq_len(config, options.max_seq_len)
+        archs.check_config(_ConfigView(config), resolved_len["value"])
+
+    say(f"resolving {source}")
+    src = source_stage.resolve(
+        source,
+        revision=revision,
+        token=token,
+        endpoint=endpoint,
+        trust_remote_code=trust_remote_code,
+        allow_pickle=allow_pickle,
+        precheck=precheck,
+    )
+    seq_len = resolved_len["value"]
+    workdir = _prepare_output(output_dir, overwrite)
+    try:
+        say(f"loading {src.name} ({src.model_type})")
+        model = load_model(src.path, trust_remote_code)
+        reference = None
+        if options.verify:
+            say("computing the fp32 eager reference")
+            reference = build_reference(model, src.path / "tokenizer.json", seq_len)
+        run = _Run(model, src, options, seq_len, workdir, reference, say)
+        for qmode in options.qmodes:
+            run.variants.append(_export_variant(run, qmode))
+        _copy_source_files(src, workdir)
+        manifest = Manifest(
+            source=_source_record(src, model),
+            versions=package_versions(),
+            variants=run.variants,
+            command=command or _default_command(src.name, options, revision),
+            machine=machine_description(),
+        )
+        manifest.write(workdir)
+        _publish_folder(workdir, output_dir)
+    except BaseException:
+        shutil.rmtree(workdir, ignore_errors=True)
+        raise
+    return manifest
+
+
+def _default_command(source: str, options: ExportOptions, revision: str | None) -> str:
+    parts = ["hub-export", "export", source]
+    if revision:
+        parts += ["--revision", revision]
+    for mode in options.qmodes:
+        parts += ["--qmode", mode]
+    if options.qembedding:
+        parts += ["--qembedding", options.qembedding]
+    if options.group_size != quantize.DEFAULT_GROUP_SIZE:
+        parts += ["--group-size", str(options.group_size)]
+    if options.max_seq_len:
+        parts += ["--max-seq-len", str(options.max_seq_len)]
+    return shlex.join(parts)
+
+
+class _ConfigView:
+    """Attribute access over a config dict (its text config for multimodal wrappers)."""
+
+    def __init__(self, data: dict):
+        self._data = data.get("text_config", data) | {"model_type": data.get("model_type")}
+
+    def __getattr__(self, name):
+        return self._data.get(name)
+
+
+def read_manifest(folder: str | Path) -> Manifest:
+    """The :class:`Manifest` of an export folder."""
+    return Manifest.read(Path(folder))
+
+
+__all__ = ["export", "ExportOptions", "read_manifest", "variant_filename"]

@@ -1,0 +1,153 @@
+"""Verify: prove a ``.pte`` computes what the eager model computes.
+
+The ``.pte`` is run in the ExecuTorch runtime on a fixed token sequence, prefill then
+token-by-token decode (so the KV cache is exercised), and its logits are compared
+position by position with the eager model carrying the *same* quantization. The
+quantization error itself is reported against fp32 eager, and the C++
+``TextLLMRunner`` must generate from the file.
+"""
+
+from __future__ import annotations
+
+from dataclasses import asdict, dataclass
+from pathlib import Path
+
+import torch
+
+from .runtime import PteModel, runner_generate
+from .wrap import eager_attention
+
+VERIFY_PROMPT = "Once upon a time, in a small town by the sea, there lived"
+DECODE_STEPS = 8
+RUNNER_NEW_TOKENS = 16
+
+# The runtime must match eager closely; dynamically quantized activations are computed
+# by different int8 kernels (XNNPACK vs torchao's reference), hence the looser bound.
+RELATIVE_TOLERANCE = {"fp32": 1e-4, "dynamic": 2e-2, "weight_only": 1e-3}
+ABSOLUTE_TOLERANCE = 1e-4
+
+
+@dataclass
+class Verification:
+    """Figures from one verification run (all logits over the same positions)."""
+
+    passed: bool
+    positions: int
+    max_abs_diff: float
+    tolerance: float
+    top1_agreement: float
+    quant_max_abs_diff_vs_fp32: float
+    quant_top1_vs_fp32: float
+    runner_generated_tokens: int
+    runner_prefill_tokens_per_s: float | None
+    runner_decode_tokens_per_s: float | None
+    failure: str | None = None
+
+    def to_dict(self) -> dict:
+        return {k: (float(f"{v:.4g}") if isinstance(v, float) else v) for k, v in asdict(self).items()}
+
+
+@dataclass
+class Reference:
+    """The verification sequence and fp32 eager logits over it."""
+
+    prompt_len: int
+    tokens: torch.Tensor  # [1, prompt_len + DECODE_STEPS]
+    fp32_logits: torch.Tensor  # [positions, vocab], positions = DECODE_STEPS + 1
+
+
+def _eager_logits(model, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    with torch.no_grad(), eager_attention(model):
+        logits = model(input_ids=tokens).logits[0]
+    return logits[prompt_len - 1 :].float()
+
+
+def build_reference(model, tokenizer_json: Path, max_seq_len: int) -> Reference:
+    """Tokenize the fixed prompt, extend it greedily with fp32 eager, keep the logits."""
+    from tokenizers import Tokenizer
+
+    ids = Tokenizer.from_file(str(tokenizer_json)).encode(VERIFY_PROMPT).ids
+    room = max(1, max_seq_len - DECODE_STEPS - 1)
+    ids = ids[: min(len(ids), room, 32)] or [0]
+    tokens = torch.tensor([ids], dtype=torch.long)
+    with torch.no_grad(), eager_attention(model):
+        for _ in range(DECODE_STEPS):
+            next_id = model(input_ids=tokens).logits[0, -1].argmax()
+            tokens = torch.cat([tokens, next_id.view(1, 1)], dim=1)
+    return Reference(len(ids), tokens, _eager_logits(model, tokens, len(ids)))
+
+
+def _pte_logits(pte: PteModel, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
+    rows = [pte.forward(tokens[:, :prompt_len], start_pos=0)]
+    for pos in range(prompt_len, tokens.shape[1]):
+        rows.append(pte.forward(tokens[:, pos : pos + 1], start_pos=pos))
+    return torch.stack(rows).float()
+
+
+def _top1(a: torch.Tensor, b: torch.Tensor) -> float:
+    return (a.argmax(-1) == b.argmax(-1)).float().mean().item()
+
+
+def _ties_ok(candidate: torch.Tensor, reference: torch.Tensor, tolerance: float) -> bool:
+    # A different argmax is acceptable only where the reference itself cannot tell the
+    # two tokens apart within the tolerance (random-weight models have near-ties).
+    picked = reference.gather(-1, candidate.argmax(-1, keepdim=True)).squeeze(-1)
+    return bool((reference.max(-1).values - picked <= 2 * tolerance).all())
+
+
+def verify(
+    pte_path: Path,
+    quantized_model,
+    reference: Reference,
+    tokenizer_json: Path,
+    kind: str,
+) -> Verification:
+    """Compare ``pte_path`` against ``quantized_model`` (eager) and run it in the C++ runner.
+
+    ``kind`` picks the tolerance: ``fp32``, ``dynamic`` (int8 dynamic activations) or
+    ``weight_only``.
+    """
+    eager = _eager_logits(quantized_model, reference.tokens, reference.prompt_len)
+    scale = eager.abs().max().item()
+    tolerance = ABSOLUTE_TOLERANCE + RELATIVE_TOLERANCE[kind] * scale
+    quant_diff = (eager - reference.fp32_logits).abs().max().item()
+    quant_top1 = _top1(eager, reference.fp32_logits)
+
+    def failed(reason: str, diff: float = float("nan"), top1: float = 0.0) -> Verification:
+        return Verification(
+            False, eager.shape[0], diff, tolerance, top1, quant_diff, quant_top1, 0, None, None, reason
+        )
+
+    try:
+        pte = PteModel(pte_path)
+        actual = _pte_logits(pte, reference.tokens, reference.prompt_len)
+    except Exception as error:  # a corrupt file fails in many ways; all mean "broken"
+        return failed(f"runtime error: {str(error).splitlines()[0][:200]}")
+    if not torch.isfinite(actual).all():
+        return failed("the runtime produced non-finite logits")
+    diff = (actual - eager).abs().max().item()
+    top1 = _top1(actual, eager)
+    if diff > tolerance:
+        return failed(f"max abs logit diff {diff:.3g} exceeds tolerance {tolerance:.3g}", diff, top1)
+    if not _ties_ok(actual, eager, tolerance):
+        return failed(f"top-1 token differs from eager at some position (agreement {top1:.0%})", diff, top1)
+
+    try:
+        stats = runner_generate(pte_path, tokenizer_json, VERIFY_PROMPT, RUNNER_NEW_TOKENS)
+    except Exception as error:
+        return failed(f"TextLLMRunner failed: {str(error).splitlines()[0][:200]}", diff, top1)
+    generated = int(stats.get("generated_tokens", 0))
+    if generated < 1:
+        return failed("TextLLMRunner generated no token", diff, top1)
+    return Verification(
+        True,
+        eager.shape[0],
+        diff,
+        tolerance,
+        top1,
+        quant_diff,
+        quant_top1,
+        generated,
+        stats.get("prefill_token_per_sec"),
+        stats.get("decode_token_per_sec"),
+    )
