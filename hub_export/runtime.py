@@ -87,11 +87,11 @@ def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens
     Token text is not collected here: the runner hands tokens to Python as ``str`` and
     raises on a token that ends inside a UTF-8 character (see :mod:`hub_export.generate`).
     """
-    _load_kernels()
-    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
-
     stats: list[dict] = []
     with quiet_native_output():
+        _load_kernels()
+        from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
         runner = TextLLMRunner(str(pte), str(tokenizer_json))
         runner.generate(
             prompt,

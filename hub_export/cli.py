@@ -1,0 +1,258 @@
+"""The ``hub-export`` command line: thin over the library, one command per verb."""
+
+from __future__ import annotations
+
+import logging
+import os
+import sys
+import time
+import warnings
+from contextlib import contextmanager
+from pathlib import Path
+from typing import List, Optional
+
+import typer
+from rich.console import Console
+from rich.markup import escape
+from rich.table import Table
+
+from .errors import HubExportError
+
+app = typer.Typer(
+    help="Export Hugging Face causal LMs to verified ExecuTorch .pte files and publish them to the Hub.",
+    no_args_is_help=True,
+    add_completion=False,
+    pretty_exceptions_enable=False,
+)
+err = Console(stderr=True, highlight=False)
+out = Console(highlight=False)
+
+
+def _quiet_libraries() -> None:
+    # Export and lowering emit hundreds of framework warnings that say nothing to a user.
+    warnings.filterwarnings("ignore")
+    for name in ("torch", "torchao", "executorch", "transformers", "httpx", "huggingface_hub"):
+        logging.getLogger(name).setLevel(logging.ERROR)
+    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
+    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
+
+
+def _quiet_torch() -> None:
+    # torch installs its own log handlers at import; quieten them once it is loaded.
+    import torch._logging
+    import transformers.utils.logging as transformers_logging
+
+    torch._logging.set_logs(all=logging.ERROR)
+    transformers_logging.disable_progress_bar()
+    transformers_logging.set_verbosity_error()
+
+
+@contextmanager
+def _stages(title: str):
+    """Yield a progress callback that logs timed stages under a live spinner."""
+    started = time.perf_counter()
+    with err.status(title) as status:
+
+        def say(message: str) -> None:
+            err.print(f"[dim]{time.perf_counter() - started:7.1f}s[/dim]  {escape(message)}")
+            status.update(f"{escape(message)} ...")
+
+        yield say
+
+
+def _human_size(size: int) -> str:
+    for unit in ("B", "KB", "MB", "GB"):
+        if size < 1000 or unit == "GB":
+            return f"{size:.1f} {unit}" if unit != "B" else f"{size} B"
+        size /= 1000
+    return f"{size} B"
+
+
+def variants_table(manifest) -> Table:
+    table = Table(title=f"{manifest.source.get('id')}  ->  ExecuTorch")
+    for column in ("variant", "size", "verification", "time"):
+        table.add_column(column, justify="left" if column in ("variant", "verification") else "right")
+    for v in manifest.variants:
+        table.add_row(v.file, _human_size(v.size_bytes), verification_summary(v.verification), f"{v.export_seconds:.0f} s")
+    return table
+
+
+def verification_summary(check: dict) -> str:
+    if check.get("skipped"):
+        return "skipped (--no-verify)"
+    return (
+        f"ok: diff {check['max_abs_diff']:.2g} <= {check['tolerance']:.2g}, "
+        f"top-1 {check['top1_agreement']:.0%}, runner {check['runner_generated_tokens']} tok"
+    )
+
+
+QMODE_HELP = "Quantization of linear layers; repeat for several variants: fp32, 8da4w, 8da8w (4w, 8w: see docs)."
+
+
+@app.command(
+    epilog=(
+        "Examples:\n\n"
+        "  hub-export export HuggingFaceTB/SmolLM2-135M -o smollm2 --qmode 8da4w --qembedding 8w --max-seq-len 256\n\n"
+        "  hub-export export ./my-model -o out --qmode 8da4w --qmode fp32"
+    )
+)
+def export(
+    source: str = typer.Argument(..., help="Hub repo id (org/name) or a local model folder."),
+    output: Path = typer.Option(..., "-o", "--output", help="Folder to write the .pte files, tokenizer and manifest to."),
+    qmode: List[str] = typer.Option(["8da4w"], "--qmode", "-q", help=QMODE_HELP),
+    qembedding: Optional[str] = typer.Option(None, help="Quantize the token embedding: 4w or 8w."),
+    group_size: int = typer.Option(32, help="Group size for grouped int4 weights."),
+    max_seq_len: Optional[int] = typer.Option(None, help="KV cache length (prompt + generation). Default: min(model limit, 2048)."),
+    revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the source repo."),
+    token: Optional[str] = typer.Option(None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False),
+    endpoint: Optional[str] = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)."),
+    trust_remote_code: bool = typer.Option(False, help="Allow models that need custom code from the repo."),
+    allow_pickle: bool = typer.Option(False, help="Allow pickle (*.bin) weights, which can run code when loaded."),
+    verify: bool = typer.Option(True, help="Verify each .pte against the eager model and in TextLLMRunner."),
+    overwrite: bool = typer.Option(False, help="Replace a non-empty output folder."),
+):
+    """Export a causal LM to verified ExecuTorch .pte variants (one per --qmode)."""
+    _quiet_torch()
+    from .export import export as run_export
+
+    with _stages(f"exporting {source}") as say:
+        manifest = run_export(
+            source,
+            output,
+            qmodes=qmode,
+            qembedding=qembedding,
+            group_size=group_size,
+            max_seq_len=max_seq_len,
+            verify=verify,
+            revision=revision,
+            token=token,
+            endpoint=endpoint,
+            trust_remote_code=trust_remote_code,
+            allow_pickle=allow_pickle,
+            overwrite=overwrite,
+            progress=say,
+        )
+    out.print(variants_table(manifest))
+    out.print(f"Wrote {len(manifest.variants)} variant(s) to {output}/")
+
+
+def _resolve_pte(target: Path, variant: Optional[str]) -> tuple[Path, Path]:
+    """(pte file, tokenizer folder) for a .pte path or an export folder."""
+    from .errors import InputError
+    from .manifest import Manifest
+
+    if target.is_file():
+        return target, target.parent
+    if target.is_dir():
+        manifest = Manifest.read(target)
+        chosen = manifest.variant(variant) if variant else manifest.variants[0]
+        return target / chosen.file, target
+    raise InputError(f"{target} is not a .pte file or an export folder")
+
+
+@app.command(
+    epilog='Example:\n\n  hub-export generate out/ --variant 8da4w --prompt "Once upon a time" --max-new-tokens 64'
+)
+def generate(
+    target: str = typer.Argument(..., help="A .pte file, an export folder, or a Hub repo made by hub-export."),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="Text to continue."),
+    tokenizer: Optional[Path] = typer.Option(None, help="Folder with tokenizer.json (default: next to the .pte)."),
+    variant: Optional[str] = typer.Option(None, help="Variant (qmode or file name) in a folder or repo."),
+    max_new_tokens: int = typer.Option(64, help="Tokens to generate at most."),
+    temperature: float = typer.Option(0.0, help="0 means greedy."),
+    seed: int = typer.Option(0, help="Sampling seed."),
+    chat: bool = typer.Option(False, help="Wrap the prompt in the model's chat template."),
+    endpoint: Optional[str] = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT)."),
+    token: Optional[str] = typer.Option(None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False),
+):
+    """Stream text from an exported model and report prefill/decode tokens/s."""
+    _quiet_torch()
+    from .generate import generate as run_generate
+
+    path = Path(target)
+    if path.exists():
+        pte, tokenizer_dir = _resolve_pte(path, variant)
+    else:
+        from .publish import pull
+
+        folder = pull(target, variant=variant, endpoint=endpoint, token=token)
+        pte, tokenizer_dir = _resolve_pte(folder, variant)
+    result = run_generate(
+        pte,
+        tokenizer or tokenizer_dir,
+        prompt,
+        max_new_tokens=max_new_tokens,
+        temperature=temperature,
+        seed=seed,
+        chat=chat,
+        on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()),
+    )
+    sys.stdout.write("\n")
+    err.print(
+        f"[dim]prompt {result.prompt_tokens} tok, prefill {result.prefill_tokens_per_s:.1f} tok/s; "
+        f"generated {result.generated_tokens} tok, decode {result.decode_tokens_per_s:.1f} tok/s; "
+        f"stop: {result.stop_reason}[/dim]"
+    )
+
+
+@app.command()
+def archs(markdown: bool = typer.Option(False, help="Print the Markdown table used in the README.")):
+    """Show the supported model families."""
+    from . import archs as registry
+
+    if markdown:
+        out.print(registry.markdown_table(), markup=False)
+        return
+    table = Table(title="Supported decoder families")
+    for column in ("family", "model types", "cache", "status", "notes"):
+        table.add_column(column)
+    for family in registry.FAMILIES:
+        table.add_row(family.name, ", ".join(family.model_types), family.cache, family.status, family.notes)
+    out.print(table)
+
+
+def _mount_subcommands() -> None:
+    from .localhub.cli import app as hub_app
+
+    app.add_typer(hub_app, name="hub", help="Run and administer the local Hub-compatible server.")
+
+
+def _first_line(error: BaseException) -> str:
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""
+
+
+def main() -> None:
+    """Console entry point: one-line errors, exit codes from the error type."""
+    _quiet_libraries()
+    _mount_subcommands()
+    try:
+        app(standalone_mode=False)
+    except HubExportError as error:
+        err.print(f"[bold red]Error:[/bold red] {escape(str(error))}")
+        sys.exit(error.exit_code)
+    except typer.Exit as done:
+        sys.exit(done.exit_code)
+    except typer.Abort:
+        err.print("Aborted.")
+        sys.exit(130)
+    except KeyboardInterrupt:
+        err.print("Interrupted.")
+        sys.exit(130)
+    except Exception as error:  # click usage errors and real bugs
+        import click
+
+        if isinstance(error, click.ClickException):
+            error.show()
+            sys.exit(error.exit_code)
+        if os.environ.get("HUB_EXPORT_DEBUG"):
+            raise
+        err.print(
+            f"[bold red]Internal error:[/bold red] {type(error).__name__}: {escape(_first_line(error))} "
+            "(rerun with HUB_EXPORT_DEBUG=1 for a traceback, and please report it)"
+        )
+        sys.exit(1)
+
+
+if __name__ == "__main__":
+    main()
