@@ -1,0 +1,34 @@
+"""Shared fixtures: the local Hub server and tiny models built offline.
+
+Lowering is the slow stage (tens of seconds per variant even for toy models), so
+exported folders are built once per session and shared.
+"""
+
+from __future__ import annotations
+
+import warnings
+from pathlib import Path
+
+import pytest
+
+pytest_plugins = ["hub_export.localhub.pytest_plugin"]
+
+warnings.filterwarnings("ignore")
+
+
+@pytest.fixture(scope="session")
+def tiny_model(tmp_path_factory) -> Path:
+    """A random-weight 2-layer Llama with tied embeddings and a BPE tokenizer."""
+    from hub_export.demo import build_tiny_model
+
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
+
+
+@pytest.fixture(scope="session")
+def exported_multi(tmp_path_factory, tiny_model) -> Path:
+    """``tiny_model`` exported once with two variants (8da4w + 8-bit embeddings, fp32)."""
+    from hub_export.export import export
+
+    out = tmp_path_factory.mktemp("exports") / "tiny-multi"
+    export(str(tiny_model), out, qmodes=["8da4w", "fp32"], qembedding="8w", max_seq_len=64)
+    return out
