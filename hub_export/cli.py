@@ -211,6 +211,167 @@ def archs(markdown: bool = typer.Option(False, help="Print the Markdown table us
     out.print(table)
 
 
+# -- publishing: push, ls, pull, card ---------------------------------------------------
+
+ENDPOINT_HELP = "Hub endpoint (default: HF_ENDPOINT or huggingface.co)."
+TOKEN_HELP = "Hub token (default: HF_TOKEN or the saved login)."
+
+
+def _files_table(result) -> Table:
+    table = Table(title=f"{result.repo_id}: files")
+    for column in ("file", "size", "status"):
+        table.add_column(column, justify="right" if column == "size" else "left")
+    for path, size in result.sizes.items():
+        table.add_row(path, _human_size(size), "unchanged" if path in result.unchanged else "upload")
+    return table
+
+
+@app.command(
+    "push",
+    epilog=(
+        "Examples:\n\n"
+        "  hub-export push HuggingFaceTB/SmolLM2-135M --qmode 8da4w --max-seq-len 256\n\n"
+        "  hub-export push --from out alice/SmolLM2-135M-ExecuTorch --dry-run\n\n"
+        "--revision is the source revision to export; --branch is the target branch."
+    ),
+)
+def push_command(
+    source: Optional[str] = typer.Argument(None, help="Hub repo id or local model folder to export (omit with --from)."),
+    repo_id: Optional[str] = typer.Argument(None, help="Target repo (default: YOU/SOURCE-NAME-ExecuTorch)."),
+    from_dir: Optional[Path] = typer.Option(None, "--from", help="Push this export folder instead of exporting."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Keep the export in this folder (default: a temp folder)."),
+    qmode: List[str] = typer.Option(["8da4w"], "--qmode", "-q", help=QMODE_HELP),
+    qembedding: Optional[str] = typer.Option(None, help="Quantize the token embedding: 4w or 8w."),
+    group_size: Optional[int] = typer.Option(None, help="Group size for grouped int4 weights (default 32)."),
+    max_seq_len: Optional[int] = typer.Option(None, help="KV cache length (prompt + generation)."),
+    revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the SOURCE repo to export."),
+    branch: Optional[str] = typer.Option(None, help="Target branch to push to (created from main if missing)."),
+    private: bool = typer.Option(False, help="Create the repo private (new repos only)."),
+    create_pr: bool = typer.Option(False, help="Open a pull request instead of committing to the branch."),
+    dry_run: bool = typer.Option(False, help="Show the files that would be uploaded; create and upload nothing."),
+    exist_ok: bool = typer.Option(False, help="Allow pushing into an existing repo not made by hub-export."),
+    template: Optional[Path] = typer.Option(None, help="Jinja2 template for the model card body."),
+    source_card: Optional[Path] = typer.Option(None, help="README.md of the source (license/language to inherit)."),
+    trust_remote_code: bool = typer.Option(False, help="Allow models that need custom code from the repo."),
+    allow_pickle: bool = typer.Option(False, help="Allow pickle (*.bin) weights, which can run code when loaded."),
+    endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
+    token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
+):
+    """Export (or take --from an export folder), write the model card and publish it all in one commit."""
+    from .publish import push
+
+    if from_dir is not None and source is not None and repo_id is None:
+        source, repo_id = None, source  # `push --from DIR REPO_ID`
+    if source is not None:
+        _quiet_torch()
+    with _stages(f"pushing {source or from_dir}") as say:
+        result = push(
+            source,
+            repo_id,
+            from_dir=from_dir,
+            output_dir=output,
+            qmodes=qmode,
+            qembedding=qembedding,
+            group_size=group_size,
+            max_seq_len=max_seq_len,
+            revision=revision,
+            trust_remote_code=trust_remote_code,
+            allow_pickle=allow_pickle,
+            branch=branch,
+            private=private,
+            create_pr=create_pr,
+            dry_run=dry_run,
+            exist_ok=exist_ok,
+            template=template,
+            source_card=source_card,
+            token=token,
+            endpoint=endpoint,
+            progress=say,
+        )
+    if dry_run:
+        out.print(_files_table(result))
+    for note in result.notes:
+        err.print(f"[yellow]Note:[/yellow] {escape(note)}")
+    out.print(escape(result.summary))
+    if result.pushed or not dry_run:
+        out.print(f"variants in {result.repo_id}: {', '.join(result.variants)}")
+
+
+@app.command("ls", epilog="Example:\n\n  hub-export ls alice/SmolLM2-135M-ExecuTorch")
+def ls_command(
+    repo_id: str = typer.Argument(..., help="A Hub repo published by hub-export."),
+    revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the repo."),
+    endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
+    token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
+):
+    """List the variants of a published repo: size, context, verification, speed."""
+    from .publish import list_variants
+
+    manifest = list_variants(repo_id, endpoint=endpoint, token=token, revision=revision)
+    table = Table(title=f"{repo_id}  (from {manifest.source.get('id')})")
+    table.add_column("file", no_wrap=True)
+    table.add_column("qmode", no_wrap=True)
+    for column in ("size", "context"):
+        table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("verification")
+    table.add_column("tok/s", justify="right")
+    for v in manifest.variants:
+        check = v.verification
+        verified = (
+            "not verified"
+            if check.get("skipped")
+            else f"diff {check['max_abs_diff']:.2g} <= {check['tolerance']:.2g}, top-1 {check['top1_agreement']:.0%}"
+        )
+        speed = check.get("runner_decode_tokens_per_s")
+        table.add_row(
+            v.file,
+            v.qmode + (f"+emb{v.qembedding}" if v.qembedding else ""),
+            _human_size(v.size_bytes),
+            str(v.max_seq_len),
+            verified,
+            f"{speed:.0f}" if speed else "-",
+        )
+    out.print(table)
+    if manifest.machine:
+        out.print(f"[dim]tok/s: decode speed of the ExecuTorch runner at export, on {escape(manifest.machine)}[/dim]")
+
+
+@app.command("pull", epilog="Example:\n\n  hub-export pull alice/SmolLM2-135M-ExecuTorch --variant 8da4w -o smollm2")
+def pull_command(
+    repo_id: str = typer.Argument(..., help="A Hub repo published by hub-export."),
+    variant: Optional[str] = typer.Option(None, help="Variant (qmode or file name); default: the first one."),
+    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Folder to download to (default: the HF cache)."),
+    revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the repo."),
+    endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
+    token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
+):
+    """Download one variant with its tokenizer and manifest, and check its sha256."""
+    from .publish import pull
+
+    folder = pull(repo_id, variant=variant, output_dir=output, endpoint=endpoint, token=token, revision=revision)
+    names = sorted(p.name for p in folder.iterdir() if p.is_file() or p.is_symlink())
+    err.print(f"[dim]{escape(', '.join(names))}[/dim]")
+    out.print(str(folder))
+
+
+@app.command("card", epilog="Example:\n\n  hub-export card out/ --template my_card.md.j2")
+def card_command(
+    folder: Path = typer.Argument(..., help="An export folder (with manifest.json)."),
+    template: Optional[Path] = typer.Option(None, help="Jinja2 template for the card body."),
+    source_card: Optional[Path] = typer.Option(
+        None, help="README.md of the source model: license/language to inherit (kept in the manifest)."
+    ),
+    repo_id: Optional[str] = typer.Option(None, help="Repo the folder is published as (for the usage commands)."),
+    endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
+):
+    """(Re-)render FOLDER/README.md from FOLDER/manifest.json."""
+    from . import card
+
+    data = card.remember_source_card(folder, source_card) if source_card else None
+    path = card.write_card(folder, data, template, endpoint, repo_id=repo_id)
+    out.print(f"Wrote {path}")
+
+
 def _mount_subcommands() -> None:
     from .localhub.cli import app as hub_app
 

@@ -103,6 +103,28 @@ def load_model(path: Path, trust_remote_code: bool):
     return model.eval()
 
 
+def weight_sharing_copy(model: torch.nn.Module) -> torch.nn.Module:
+    """A copy of ``model`` whose modules are new but whose parameters are shared.
+
+    Quantization *replaces* parameters on the copy's modules (it never writes into
+    them), so the original keeps its fp32 weights for the next variant without the
+    memory of a second fp32 model.
+    """
+    memo = {id(p): p for p in model.parameters()}
+    return copy.deepcopy(model, memo)
+
+
+def release_memory() -> None:
+    """Collect garbage and hand freed heap back to the OS (keeps peak RSS down)."""
+    gc.collect()
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").malloc_trim(0)
+    except (OSError, AttributeError):
+        pass
+
+
 def _kind(qmode: str) -> str:
     if qmode == "fp32":
         return "fp32"
@@ -128,8 +150,9 @@ def _export_variant(run: _Run, qmode: str) -> Variant:
     name = variant_filename(qmode, opts.qembedding)
     started = time.perf_counter()
     run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})")
-    model = copy.deepcopy(run.model)
+    model = weight_sharing_copy(run.model)
     fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size)
+    release_memory()
     run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})")
     program = export_program(ExportableDecoder(model, run.max_seq_len))
     bos, eos = token_ids(model)
@@ -142,9 +165,9 @@ def _export_variant(run: _Run, qmode: str) -> Variant:
     )
     run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)")
     path = run.workdir / name
-    path.write_bytes(to_pte(program, metadata))
+    to_pte(program, metadata, path)
     del program
-    gc.collect()
+    release_memory()
     seconds = time.perf_counter() - started
 
     verification: dict = {"skipped": True}
@@ -155,7 +178,7 @@ def _export_variant(run: _Run, qmode: str) -> Variant:
         if not result.passed:
             raise VerificationError(f"{name} failed verification: {result.failure}")
     del model
-    gc.collect()
+    release_memory()
     grouped = quantize.QMODES[qmode].grouped
     return Variant(
         file=name,
@@ -217,6 +240,7 @@ def export(
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
     overwrite: bool = False,
+    cache_dir: str | Path | None = None,
     command: str | None = None,
     progress: Progress | None = None,
 ) -> Manifest:
@@ -245,6 +269,7 @@ def export(
         endpoint=endpoint,
         trust_remote_code=trust_remote_code,
         allow_pickle=allow_pickle,
+        cache_dir=cache_dir,
         precheck=precheck,
     )
     seq_len = resolved_len["value"]

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+from pathlib import Path
 from typing import Any
 
 import torch
@@ -43,8 +44,8 @@ def is_dynamic(program: torch.export.ExportedProgram) -> bool:
     return False
 
 
-def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any]) -> bytes:
-    """Partition to XNNPACK, plan memory and serialize.
+def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path: Path) -> int:
+    """Partition to XNNPACK, plan memory and write the ``.pte`` to ``path``; returns its size.
 
     ``do_quant_fusion_and_const_prop`` folds torchao's weight-only dequantize patterns
     (e.g. quantized embeddings) into ops the runtime has kernels for.
@@ -66,4 +67,7 @@ def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any]) -> b
             do_quant_fusion_and_const_prop=True,
         )
     )
-    return executorch_program.buffer
+    del edge
+    with open(path, "wb") as handle:
+        executorch_program.write_to_file(handle)
+    return path.stat().st_size

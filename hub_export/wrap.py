@@ -172,6 +172,44 @@ class ExportableDecoder(nn.Module):
         return out.logits
 
 
+# RMSNorm classes that compute ``weight * x * rsqrt(mean(x^2) + eps)`` in fp32, the
+# Llama formula. Gemma's ``(1 + weight)`` variant is deliberately absent.
+LLAMA_STYLE_RMSNORMS = frozenset(
+    f"{prefix}RMSNorm"
+    for prefix in ("Llama", "Qwen2", "Qwen3", "Mistral", "Phi3", "SmolLM3", "Olmo2", "Granite", "Starcoder2")
+)
+
+
+def _rmsnorm_4d(self, hidden_states: torch.Tensor) -> torch.Tensor:
+    # XNNPACK only delegates mean over the two innermost dims of a 4D tensor; a norm it
+    # cannot take splits every layer into several delegates with runtime hops between.
+    input_dtype = hidden_states.dtype
+    shape = hidden_states.shape
+    x = hidden_states.to(torch.float32).reshape(1, -1, 1, shape[-1])
+    variance = x.pow(2).mean(dim=(-2, -1), keepdim=True)
+    x = x * torch.rsqrt(variance + self.variance_epsilon)
+    return self.weight * x.reshape(shape).to(input_dtype)
+
+
+@contextlib.contextmanager
+def delegable_norms(model: nn.Module):
+    """Temporarily route Llama-style RMSNorms through an XNNPACK-friendly formulation.
+
+    Same arithmetic, different shapes; scoped to the export so the eager model used as
+    the verification reference keeps its own code.
+    """
+    patched = []
+    for module in model.modules():
+        if type(module).__name__ in LLAMA_STYLE_RMSNORMS and hasattr(module, "variance_epsilon"):
+            module.forward = _rmsnorm_4d.__get__(module)
+            patched.append(module)
+    try:
+        yield len(patched)
+    finally:
+        for module in patched:
+            del module.forward
+
+
 def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
     """``torch.export`` the wrapper with a dynamic sequence length (parallel prefill).
 
@@ -182,7 +220,7 @@ def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
     example_len = min(2, max_prefill)
     example = (torch.zeros((1, example_len), dtype=torch.long), torch.arange(example_len))
     dynamic = ({1: seq}, {0: seq}) if max_prefill > 1 else None
-    with torch.no_grad():
+    with torch.no_grad(), delegable_norms(wrapped.model):
         program = torch.export.export(wrapped, example, dynamic_shapes=dynamic, strict=True)
     wrapped.cache.reset()
     return program

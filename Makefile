@@ -1,0 +1,35 @@
+# Two set-up commands: `make demo` and `make test`. Each creates .venv on its own.
+VENV ?= .venv
+PY := $(VENV)/bin/python
+PIP := $(VENV)/bin/pip
+STAMP := $(VENV)/.installed
+
+.PHONY: install test test-all demo space bench clean
+
+$(STAMP): pyproject.toml constraints.txt
+	python3 -m venv $(VENV)
+	$(PIP) install -q --upgrade pip
+	# Pinned CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
+	$(PIP) install -q torch==2.13.0
+	$(PIP) install -q -c constraints.txt -e ".[dev]"
+	touch $(STAMP)
+
+install: $(STAMP)
+
+test: $(STAMP)
+	$(VENV)/bin/pytest -q
+
+test-all: $(STAMP)
+	$(VENV)/bin/pytest -q -m "slow or not slow"
+
+demo: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
+
+space: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/space.sh
+
+bench: $(STAMP)
+	$(PY) -m benchmarks.bench_export --qmode 8da4w --qmode 8da8w --qmode fp32 --qembedding 8w
+
+clean:
+	rm -rf .demo test-artifacts benchmarks/work

@@ -1,0 +1,228 @@
+"""Benchmark: export cost, file size and runtime speed on a SmolLM2-135M-shaped model.
+
+For each qmode this reports export wall time, the run's peak RSS, the ``.pte`` size
+against the size the weights' bit widths imply, prefill and decode tokens/s through
+ExecuTorch's C++ ``TextLLMRunner``, and eager transformers ``generate`` tokens/s on
+the same model in the same run (the ratio is what matters; absolute figures depend
+on the machine).
+
+    python -m benchmarks.bench_export --qmode 8da4w --qmode 8da8w --qmode fp32 --qembedding 8w
+
+Results go to ``benchmarks/results/<name>.json`` and ``.md``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import resource
+import statistics
+import subprocess
+import sys
+import time
+import warnings
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+PROMPT_TOKENS = 64
+DECODE_TOKENS = 64
+
+
+def _prompt_of_exactly(tokenizer_json: Path, n_tokens: int) -> str:
+    """A text that the tokenizer encodes into exactly ``n_tokens`` ids."""
+    from tokenizers import Tokenizer
+
+    from hub_export.demo import CORPUS
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    words = CORPUS.split()
+    text, i = "", 0
+    while len(tokenizer.encode(text).ids) < n_tokens:
+        text += (" " if text else "") + words[i % len(words)]
+        i += 1
+    while len(tokenizer.encode(text).ids) > n_tokens:
+        text = text[:-1]
+    if len(tokenizer.encode(text).ids) != n_tokens:
+        raise RuntimeError("could not build a prompt of the requested length")
+    return text
+
+
+def implied_size_bytes(config, qmode: str, qembedding: str | None, group_size: int) -> int:
+    """Bytes the weights need at their bit widths, plus one fp32 scale per group/channel.
+
+    Linear layers (including a tied output projection, which is a separate quantized
+    tensor) at the qmode's bits; the embedding at the embedding's bits; everything
+    else (norms) fp32. Activation buffers and the program itself are not counted.
+    """
+    from hub_export.quantize import QEMBEDDINGS, QMODES
+
+    h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
+    head_dim = h // config.num_attention_heads
+    kv = config.num_key_value_heads * head_dim
+    linear_shapes = [(h, h), (kv, h), (kv, h), (h, h), (inter, h), (inter, h), (h, inter)] * layers
+    linear_shapes.append((config.vocab_size, h))  # lm_head
+    mode = QMODES[qmode]
+
+    def quantized(out_f: int, in_f: int, bits: int, grouped: bool) -> float:
+        if bits == 32:
+            return out_f * in_f * 4
+        groups = out_f * (in_f // group_size) if grouped else out_f
+        return out_f * in_f * bits / 8 + groups * 4
+
+    total = sum(quantized(o, i, mode.weight_bits, mode.grouped) for o, i in linear_shapes)
+    embedding_bits = QEMBEDDINGS[qembedding] if qembedding else 32
+    total += quantized(config.vocab_size, h, embedding_bits, False)
+    total += (2 * layers + 1) * h * 4  # RMSNorm weights
+    return int(total)
+
+
+def runner_speed(pte: Path, tokenizer_json: Path, prompt: str, repeats: int) -> dict:
+    from hub_export.runtime import runner_generate
+
+    runs = [runner_generate(pte, tokenizer_json, prompt, DECODE_TOKENS) for _ in range(repeats + 1)][1:]
+
+    def rate(stats, tokens_key, start, end):
+        ms = stats[end] - stats[start]
+        return stats[tokens_key] * 1000 / ms if ms > 0 else float("nan")
+
+    prefill = [rate(s, "prompt_tokens", "inference_start_ms", "prompt_eval_end_ms") for s in runs]
+    decode = [
+        (s["generated_tokens"] - 1) * 1000 / max(s["inference_end_ms"] - s["first_token_ms"], 1) for s in runs
+    ]
+    return {
+        "prompt_tokens": runs[0]["prompt_tokens"],
+        "generated_tokens": runs[0]["generated_tokens"],
+        "prefill_tokens_per_s": round(statistics.median(prefill), 1),
+        "decode_tokens_per_s": round(statistics.median(decode), 1),
+    }
+
+
+def eager_speed(model_dir: Path, prompt: str) -> dict:
+    """fp32 eager transformers: one timed prefill forward and a greedy ``generate``."""
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModelForCausalLM
+
+    tokenizer = Tokenizer.from_file(str(model_dir / "tokenizer.json"))
+    ids = torch.tensor([tokenizer.encode(prompt).ids])
+    model = AutoModelForCausalLM.from_pretrained(model_dir, dtype=torch.float32).eval()
+    with torch.no_grad():
+        model(ids)  # warm-up
+        start = time.perf_counter()
+        model(ids)
+        prefill = time.perf_counter() - start
+        start = time.perf_counter()
+        out = model.generate(ids, max_new_tokens=DECODE_TOKENS, min_new_tokens=DECODE_TOKENS, do_sample=False)
+        total = time.perf_counter() - start
+    generated = out.shape[1] - ids.shape[1]
+    return {
+        "prefill_tokens_per_s": round(ids.shape[1] / prefill, 1),
+        "decode_tokens_per_s": round((generated - 1) / max(total - prefill, 1e-9), 1),
+        "torch_threads": torch.get_num_threads(),
+    }
+
+
+def export_variants(model_dir: Path, out: Path, qmodes: list[str], qembedding: str | None, max_seq_len: int) -> dict:
+    """Run the export in a child process so its peak RSS is measured alone."""
+    cmd = [sys.executable, "-m", "hub_export.cli", "export", str(model_dir), "-o", str(out), "--overwrite",
+           "--max-seq-len", str(max_seq_len), "--no-verify"]
+    for mode in qmodes:
+        cmd += ["--qmode", mode]
+    if qembedding:
+        cmd += ["--qembedding", qembedding]
+    start = time.perf_counter()
+    subprocess.run(cmd, check=True)
+    wall = time.perf_counter() - start
+    peak_kb = resource.getrusage(resource.RUSAGE_CHILDREN).ru_maxrss
+    return {"wall_seconds": round(wall, 1), "peak_rss_mb": round(peak_kb / 1024, 1)}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--qmode", action="append", default=None)
+    parser.add_argument("--qembedding", default="8w")
+    parser.add_argument("--group-size", type=int, default=32)
+    parser.add_argument("--max-seq-len", type=int, default=256)
+    parser.add_argument("--repeats", type=int, default=3)
+    parser.add_argument("--work", type=Path, default=ROOT / "work")
+    parser.add_argument("--name", default="smollm2-135m-shaped")
+    args = parser.parse_args()
+    qmodes = args.qmode or ["8da4w", "8da8w", "fp32"]
+    warnings.filterwarnings("ignore")
+
+    from benchmarks.models import build_smollm2_shaped, smollm2_135m_config
+    from hub_export.manifest import Manifest, machine_description
+
+    model_dir = build_smollm2_shaped(args.work / "model")
+    config = smollm2_135m_config()
+    # Tied embeddings: the checkpoint holds one vocab x hidden matrix, not two.
+    fp32_weight_mb = (implied_size_bytes(config, "fp32", None, 32) - config.vocab_size * config.hidden_size * 4) / 1e6
+
+    out = args.work / "export"
+    cost = export_variants(model_dir, out, qmodes, args.qembedding, args.max_seq_len)
+    manifest = Manifest.read(out)
+    prompt = _prompt_of_exactly(model_dir / "tokenizer.json", PROMPT_TOKENS)
+    eager = eager_speed(model_dir, prompt)
+
+    rows = []
+    for variant in manifest.variants:
+        implied = implied_size_bytes(config, variant.qmode, variant.qembedding, args.group_size)
+        speed = runner_speed(out / variant.file, model_dir / "tokenizer.json", prompt, args.repeats)
+        rows.append(
+            {
+                "variant": variant.file,
+                "qmode": variant.qmode,
+                "qembedding": variant.qembedding,
+                "export_seconds": variant.export_seconds,
+                "size_mb": round(variant.size_bytes / 1e6, 2),
+                "implied_size_mb": round(implied / 1e6, 2),
+                "size_vs_implied": round(variant.size_bytes / implied, 4),
+                **{f"runner_{k}": v for k, v in speed.items()},
+                "decode_vs_eager": round(speed["decode_tokens_per_s"] / eager["decode_tokens_per_s"], 2),
+                "prefill_vs_eager": round(speed["prefill_tokens_per_s"] / eager["prefill_tokens_per_s"], 2),
+            }
+        )
+    result = {
+        "model": args.name,
+        "machine": machine_description(),
+        "max_seq_len": args.max_seq_len,
+        "prompt_tokens": PROMPT_TOKENS,
+        "decode_tokens": DECODE_TOKENS,
+        "fp32_weights_mb": round(fp32_weight_mb, 1),
+        "export_run": {**cost, "qmodes": qmodes, "peak_rss_vs_fp32_weights": round(cost["peak_rss_mb"] * 1.048576 / fp32_weight_mb, 2)},
+        "eager_fp32": eager,
+        "variants": rows,
+        "versions": manifest.versions,
+    }
+    results = ROOT / "results"
+    results.mkdir(exist_ok=True)
+    (results / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (results / f"{args.name}.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"### {result['model']} (max_seq_len {result['max_seq_len']}, {result['prompt_tokens']}-token prompt, "
+        f"{result['decode_tokens']} new tokens)",
+        "",
+        f"Machine: {result['machine']}. Export run ({', '.join(result['export_run']['qmodes'])}): "
+        f"{result['export_run']['wall_seconds']} s wall, peak RSS {result['export_run']['peak_rss_mb']} MB "
+        f"({result['export_run']['peak_rss_vs_fp32_weights']}x the fp32 weights). "
+        f"Eager fp32 transformers: prefill {result['eager_fp32']['prefill_tokens_per_s']} tok/s, "
+        f"decode {result['eager_fp32']['decode_tokens_per_s']} tok/s.",
+        "",
+        "| variant | export s | size MB | implied MB | size/implied | prefill tok/s | decode tok/s | decode vs eager |",
+        "|---|---|---|---|---|---|---|---|",
+    ]
+    for r in result["variants"]:
+        lines.append(
+            f"| {r['variant']} | {r['export_seconds']} | {r['size_mb']} | {r['implied_size_mb']} | "
+            f"{r['size_vs_implied']} | {r['runner_prefill_tokens_per_s']} | {r['runner_decode_tokens_per_s']} | "
+            f"{r['decode_vs_eager']}x |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,43 @@
+"""Benchmark models: real shapes, random weights, built offline."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+
+def smollm2_135m_config():
+    """SmolLM2-135M's shape: Llama, hidden 576, 30 layers, 9 heads / 3 KV heads, tied embeddings."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=49152,
+        hidden_size=576,
+        intermediate_size=1536,
+        num_hidden_layers=30,
+        num_attention_heads=9,
+        num_key_value_heads=3,
+        max_position_embeddings=8192,
+        rope_theta=100000.0,
+        rms_norm_eps=1e-5,
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+    )
+
+
+def build_smollm2_shaped(folder: str | Path) -> Path:
+    """Save the random-weight SmolLM2-135M-shaped model with a tokenizer covering its vocabulary."""
+    from hub_export.demo import build_tiny_model, train_tokenizer
+
+    config = smollm2_135m_config()
+    folder = Path(folder)
+    if (folder / "config.json").is_file():
+        return folder
+    build_tiny_model(folder, config=config)
+    # The demo tokenizer has 512 tokens; pad it with added tokens so every id the model
+    # can emit decodes (the runner looks each generated id up).
+    tokenizer = train_tokenizer()
+    missing = config.vocab_size - tokenizer.get_vocab_size()
+    tokenizer.add_tokens([f"<|pad_{i}|>" for i in range(missing)])
+    tokenizer.save(str(folder / "tokenizer.json"))
+    return folder

@@ -1,0 +1,325 @@
+"""Model card: a README.md for an export folder or a published repo, from its manifest.
+
+The YAML front matter is built in Python with ``yaml.safe_dump`` so that it is always
+valid; the Markdown body is a Jinja2 template (``templates/model_card.md.j2``, or any
+file given with ``--template``). Everything comes from ``manifest.json`` plus the
+license and language inherited from the source model's card, which are kept in the
+manifest's ``source["card_data"]`` so that a card can be re-rendered later.
+
+The card holds no token and no absolute local path: it is published as is.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+from typing import Any, Mapping
+
+import yaml
+
+from .errors import InputError
+from .manifest import Manifest, Variant
+
+CARD_NAME = "README.md"
+DEFAULT_TEMPLATE = "model_card.md.j2"
+# The source card's keys a quantized copy must keep: its terms of use and its languages.
+INHERITED_KEYS = ("license", "license_name", "license_link", "language")
+
+
+def templates_dir() -> Path:
+    """The folder holding the bundled templates (``templates/`` at the repository top level).
+
+    Example:
+        >>> (templates_dir() / "model_card.md.j2").is_file()
+        True
+    """
+    top_level = Path(__file__).resolve().parent.parent / "templates"
+    # An installed wheel may carry them inside the package instead.
+    packaged = Path(__file__).resolve().parent / "templates"
+    return top_level if top_level.is_dir() or not packaged.is_dir() else packaged
+
+
+def parse_card_data(text: str) -> dict[str, Any]:
+    """The YAML front matter of a model card's text, as a dict (empty when it has none).
+
+    Example:
+        >>> parse_card_data("---\\nlicense: mit\\nlanguage: [en]\\n---\\n# Model\\n")
+        {'license': 'mit', 'language': ['en']}
+    """
+    from huggingface_hub import ModelCard
+
+    try:
+        data = ModelCard(text, ignore_metadata_errors=True).data.to_dict()
+    except (ValueError, yaml.YAMLError):
+        return {}
+    return {k: v for k, v in data.items() if v is not None}
+
+
+def read_source_card(path: str | Path) -> dict[str, Any]:
+    """The card data a quantized copy inherits (license, language) from a source card.
+
+    ``path`` is a ``README.md`` or a model folder holding one; a missing card gives ``{}``.
+
+    Example:
+        >>> read_source_card("my-model")  # my-model/README.md starts with "license: apache-2.0"
+        {'license': 'apache-2.0', 'language': ['en']}
+    """
+    path = Path(path)
+    if path.is_dir():
+        path = path / CARD_NAME
+    if not path.is_file():
+        return {}
+    return inherited(parse_card_data(path.read_text(encoding="utf-8", errors="replace")))
+
+
+def inherited(card_data: Mapping[str, Any] | None) -> dict[str, Any]:
+    """Only the keys of ``card_data`` that a derived model keeps."""
+    return {k: card_data[k] for k in INHERITED_KEYS if card_data and card_data.get(k) not in (None, "", [])}
+
+
+def source_url(manifest: Manifest, endpoint: str | None = None) -> str | None:
+    """The source model's page on the Hub, or None for a local folder source."""
+    source = manifest.source
+    if source.get("local") or not source.get("id"):
+        return None
+    return f"{(endpoint or _default_endpoint()).rstrip('/')}/{source['id']}"
+
+
+def _default_endpoint() -> str:
+    from huggingface_hub import constants
+
+    return constants.ENDPOINT
+
+
+def card_metadata(manifest: Manifest, source_card_data: Mapping[str, Any] | None = None) -> dict[str, Any]:
+    """The front matter of the card, key by key, in the order a reader expects.
+
+    Example:
+        >>> card_metadata(manifest, {"license": "apache-2.0"})["tags"]
+        ['executorch', 'xnnpack', '8da4w', 'llama', 'hub-export']
+    """
+    source = manifest.source
+    data: dict[str, Any] = {}
+    # A local folder has no Hub id to point at, and the Hub wants a relation only with a base.
+    if not source.get("local") and source.get("id"):
+        data["base_model"] = source["id"]
+        data["base_model_relation"] = "quantized"
+    data["library_name"] = "executorch"
+    data["pipeline_tag"] = "text-generation"
+    data.update(inherited(source_card_data if source_card_data is not None else source.get("card_data")))
+    data["tags"] = _tags(manifest)
+    return data
+
+
+def _tags(manifest: Manifest) -> list[str]:
+    tags = ["executorch", "xnnpack"]
+    tags += [v.qmode for v in manifest.variants]
+    tags.append(manifest.source.get("model_type") or manifest.source.get("architecture") or "")
+    tags.append("hub-export")
+    unique: list[str] = []
+    for tag in tags:
+        if tag and tag not in unique:
+            unique.append(tag)
+    return unique
+
+
+def front_matter(data: Mapping[str, Any]) -> str:
+    """``data`` as a ``---`` delimited YAML block (safe_dump: valid YAML, never hand-built)."""
+    body = yaml.safe_dump(dict(data), sort_keys=False, allow_unicode=True, default_flow_style=False)
+    return f"---\n{body}---\n"
+
+
+def human_size(size: int) -> str:
+    """Decimal units, as the Hub shows file sizes.
+
+    Example:
+        >>> human_size(235776)
+        '235.8 KB'
+    """
+    value = float(size)
+    for unit in ("B", "KB", "MB", "GB"):
+        if value < 1000 or unit == "GB":
+            return f"{int(value)} B" if unit == "B" else f"{value:.1f} {unit}"
+        value /= 1000
+    return f"{size} B"
+
+
+def _figure(value: Any, spec: str = ".3g") -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+def _variant_view(variant: Variant) -> dict[str, Any]:
+    check = variant.verification or {}
+    skipped = bool(check.get("skipped"))
+    return {
+        "file": variant.file,
+        "qmode": variant.qmode,
+        "qembedding": variant.qembedding or "none",
+        "group_size": variant.group_size,
+        "size": human_size(variant.size_bytes),
+        "max_seq_len": variant.max_seq_len,
+        "sha256": variant.sha256,
+        "eos_ids": list(variant.metadata.get("get_eos_ids", [])),
+        "verified": not skipped and bool(check.get("passed")),
+        "skipped": skipped,
+        "max_abs_diff": "n/a" if skipped else _figure(check.get("max_abs_diff")),
+        "tolerance": "n/a" if skipped else _figure(check.get("tolerance")),
+        "top1": "n/a" if skipped else _figure(check.get("top1_agreement"), ".0%"),
+        "quant_diff": "n/a" if skipped else _figure(check.get("quant_max_abs_diff_vs_fp32")),
+        "quant_top1": "n/a" if skipped else _figure(check.get("quant_top1_vs_fp32"), ".0%"),
+        "prefill_tps": _figure(check.get("runner_prefill_tokens_per_s"), ".0f"),
+        "decode_tps": _figure(check.get("runner_decode_tokens_per_s"), ".0f"),
+    }
+
+
+def card_context(
+    manifest: Manifest,
+    source_card_data: Mapping[str, Any] | None = None,
+    endpoint: str | None = None,
+    repo_id: str | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> dict[str, Any]:
+    """Everything the template may use, already formatted (templates stay logic-free)."""
+    source = manifest.source
+    variants = [_variant_view(v) for v in manifest.variants]
+    return {
+        "card_data": card_metadata(manifest, source_card_data),
+        "source_id": source.get("id") or "model",
+        "source_url": source_url(manifest, endpoint),
+        "source_local": bool(source.get("local")),
+        "source_revision": source.get("revision"),
+        "model_type": source.get("model_type") or "",
+        "architecture": source.get("architecture") or "",
+        "num_parameters": source.get("num_parameters"),
+        "repo_id": repo_id,
+        "variants": variants,
+        "first": variants[0] if variants else None,
+        "machine": manifest.machine or "an unrecorded machine",
+        "commands": [line for line in manifest.command.splitlines() if line.strip()],
+        "versions": dict(manifest.versions),
+        "hub_export_version": manifest.versions.get("hub-export", ""),
+        "max_seq_lens": sorted({v.max_seq_len for v in manifest.variants}),
+        "sliding_window": sliding_window(config),
+        "config_known": bool(config),
+        "all_verified": all(v["verified"] for v in variants),
+    }
+
+
+def sliding_window(config: Mapping[str, Any] | None) -> int | None:
+    """The attention window of a model config, or None when it attends to the whole context.
+
+    Mirrors :func:`hub_export.archs.check_config`: a window counts only when it is enabled and,
+    for models that mix layer kinds, when some layer uses it.
+
+    Example:
+        >>> sliding_window({"model_type": "mistral", "sliding_window": 4096})
+        4096
+        >>> sliding_window({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False})
+    """
+    text = dict((config or {}).get("text_config") or config or {})
+    window = text.get("sliding_window")
+    layer_types = text.get("layer_types") or []
+    enabled = text.get("use_sliding_window", True) is not False
+    if not window or not enabled or (layer_types and "sliding_attention" not in layer_types):
+        return None
+    return int(window)
+
+
+def _environment(template: Path | None):
+    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+
+    folder = template.parent if template else templates_dir()
+    return Environment(
+        loader=FileSystemLoader(str(folder)),
+        autoescape=False,  # Markdown, not HTML
+        undefined=StrictUndefined,  # a typo in a template fails loudly instead of printing nothing
+        trim_blocks=True,
+        lstrip_blocks=True,
+        keep_trailing_newline=True,
+    )
+
+
+def render_card(
+    manifest: Manifest,
+    source_card_data: Mapping[str, Any] | None = None,
+    template: str | Path | None = None,
+    endpoint: str | None = None,
+    *,
+    repo_id: str | None = None,
+    config: Mapping[str, Any] | None = None,
+) -> str:
+    """The model card (front matter + Markdown body) for ``manifest``.
+
+    ``source_card_data`` is the source card's front matter (license and language are
+    inherited; default: ``manifest.source["card_data"]``). ``template`` replaces the
+    bundled body template; it gets the context of :func:`card_context`. ``endpoint``
+    is used for the link to the source model, ``repo_id`` in the usage commands, and
+    ``config`` (the model's ``config.json``) for the sliding-window note.
+
+    Example:
+        >>> manifest = Manifest.read("out")
+        >>> card = render_card(manifest, {"license": "apache-2.0"}, repo_id="alice/tiny-ExecuTorch")
+        >>> card.splitlines()[0]
+        '---'
+    """
+    from jinja2 import TemplateError
+
+    path = Path(template) if template else None
+    if path is not None and not path.is_file():
+        raise InputError(f"template {path.name} not found; pass an existing file to --template")
+    context = card_context(manifest, source_card_data, endpoint, repo_id, config)
+    try:
+        body = _environment(path).get_template(path.name if path else DEFAULT_TEMPLATE).render(**context)
+    except TemplateError as error:
+        raise InputError(f"the card template failed to render: {error}") from None
+    return front_matter(context["card_data"]) + body.lstrip("\n")
+
+
+def read_config(folder: str | Path) -> dict[str, Any]:
+    """``folder/config.json`` as a dict, or ``{}`` when absent or unreadable."""
+    path = Path(folder) / "config.json"
+    try:
+        return json.loads(path.read_text())
+    except (OSError, json.JSONDecodeError):
+        return {}
+
+
+def write_card(
+    folder: str | Path,
+    source_card_data: Mapping[str, Any] | None = None,
+    template: str | Path | None = None,
+    endpoint: str | None = None,
+    *,
+    repo_id: str | None = None,
+) -> Path:
+    """Render ``folder/README.md`` from ``folder/manifest.json`` and return its path.
+
+    Example:
+        >>> write_card("out", template="my_card.md.j2")
+        PosixPath('out/README.md')
+    """
+    folder = Path(folder)
+    manifest = Manifest.read(folder)
+    text = render_card(manifest, source_card_data, template, endpoint, repo_id=repo_id, config=read_config(folder))
+    path = folder / CARD_NAME
+    path.write_text(text, encoding="utf-8")
+    return path
+
+
+def remember_source_card(folder: str | Path, source_card: str | Path) -> dict[str, Any]:
+    """Read the inheritable keys of ``source_card`` and keep them in ``folder``'s manifest.
+
+    Later renders (``hub-export card``, ``hub-export push --from``) then keep the license
+    and language without needing the source card again.
+
+    Example:
+        >>> remember_source_card("out", "my-model/README.md")
+        {'license': 'apache-2.0', 'language': ['en']}
+    """
+    if not Path(source_card).exists():
+        raise InputError(f"source card {Path(source_card).name} not found")
+    data = read_source_card(source_card)
+    manifest = Manifest.read(Path(folder))
+    manifest.source = {**manifest.source, "card_data": data}
+    manifest.write(Path(folder))
+    return data

@@ -1,0 +1,742 @@
+"""Publish: push an export to the Hub in one commit, list a repo's variants, pull one back.
+
+All Hub I/O goes through ``huggingface_hub``. Push checks everything it can before the
+export starts (login, repo name, write access, that an existing repo is ours) so that a
+mistake costs seconds, not an export; the export itself verifies every variant and
+raises before anything is written to the Hub. Every Hub failure becomes a one-line
+:class:`~hub_export.errors.HubError` or :class:`~hub_export.errors.InputError` that
+says what to do, and the token never appears in a message, file or card.
+"""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import logging
+import tempfile
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Sequence
+
+from . import card as card_module
+from .errors import HubError, HubExportError, InputError, VerificationError
+from .manifest import MANIFEST_NAME, Manifest, Variant, sha256_file
+from .source import CONFIG_FILES, TOKENIZER_FILES
+
+log = logging.getLogger(__name__)
+
+Progress = Callable[[str], None]
+REPO_SUFFIX = "-ExecuTorch"
+CARD_NAME = card_module.CARD_NAME
+COMPANION_FILES = tuple(CONFIG_FILES) + tuple(TOKENIZER_FILES)
+LOGIN_HINT = "pass --token, set HF_TOKEN or run `hf auth login`"
+
+
+@dataclass
+class PushResult:
+    """What a push did (or, in a dry run, would do).
+
+    ``files`` are the paths in the commit (new or changed); ``sizes`` maps every file of
+    the export to its size; ``commit_oid`` is None when nothing was committed.
+    """
+
+    repo_id: str
+    url: str
+    commit_oid: str | None
+    files: list[str]
+    variants: list[str]
+    sizes: dict[str, int] = field(default_factory=dict)
+    unchanged: list[str] = field(default_factory=list)
+    pr_url: str | None = None
+    dry_run: bool = False
+    notes: list[str] = field(default_factory=list)
+
+    @property
+    def pushed(self) -> bool:
+        return self.commit_oid is not None
+
+    @property
+    def summary(self) -> str:
+        """One line for the user."""
+        if self.dry_run:
+            if not self.files:
+                return f"dry run: nothing to push: {self.repo_id} already has these files"
+            return f"dry run: would upload {len(self.files)} file(s) to {self.repo_id} in one commit; nothing was sent"
+        if not self.pushed:
+            return "nothing to push: the repo already has these files"
+        where = self.pr_url or self.url
+        return f"pushed {len(self.files)} file(s) to {where} in commit {self.commit_oid[:12]}"
+
+
+# -- settings -----------------------------------------------------------------------
+
+
+def resolve_endpoint(endpoint: str | None = None) -> str:
+    """``endpoint``, else ``HF_ENDPOINT`` (read by huggingface_hub), without a trailing slash."""
+    from huggingface_hub import constants
+
+    return (endpoint or constants.ENDPOINT).rstrip("/")
+
+
+def resolve_token(token: str | None = None) -> str | None:
+    """``token``, else ``HF_TOKEN``, else the huggingface_hub login; None when not logged in."""
+    from huggingface_hub import get_token
+
+    return token or get_token()
+
+
+def check_repo_id(repo_id: str, *, namespace_required: bool = True) -> str:
+    """Validate ``repo_id`` locally, with huggingface_hub's validator, before any request.
+
+    Example:
+        >>> check_repo_id("alice/tiny-ExecuTorch")
+        'alice/tiny-ExecuTorch'
+        >>> check_repo_id("alice/bad--name")
+        Traceback (most recent call last):
+        hub_export.errors.InputError: invalid repo id 'alice/bad--name': ...
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        reason = str(error).split("\n")[0]
+        raise InputError(f"invalid repo id {repo_id!r}: {reason}") from None
+    if namespace_required and "/" not in repo_id:
+        raise InputError(f"invalid repo id {repo_id!r}: use namespace/name, e.g. alice/{repo_id}")
+    return repo_id
+
+
+def default_repo_name(source_name: str) -> str:
+    """The repo name for an export of ``source_name`` (a repo id or a folder name).
+
+    Example:
+        >>> default_repo_name("HuggingFaceTB/SmolLM2-135M")
+        'SmolLM2-135M-ExecuTorch'
+    """
+    return source_name.rstrip("/").split("/")[-1] + REPO_SUFFIX
+
+
+# -- errors -------------------------------------------------------------------------
+
+
+def _transport_errors() -> tuple[type[BaseException], ...]:
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
+    for name in ("httpx2", "httpx"):  # huggingface_hub 2.x talks through httpx2
+        try:
+            module = __import__(name)
+        except ImportError:
+            continue
+        errors.append(module.TransportError)
+    return tuple(errors)
+
+
+def _redact(text: str, token: str | None) -> str:
+    return text.replace(token, "***") if token else text
+
+
+def _http_message(error, repo_id: str, endpoint: str, action: str) -> HubExportError:
+    status = error.response.status_code if getattr(error, "response", None) is not None else None
+    detail = " ".join((getattr(error, "server_message", None) or "").split())[:200]
+    if status == 400:
+        return InputError(f"the Hub refused to {action} {repo_id} (HTTP 400: {detail or 'bad request'}); check the repo name")
+    if status == 401:
+        return HubError(f"the Hub at {endpoint} rejected the token (HTTP 401); {LOGIN_HINT} with a valid token")
+    if status == 403:
+        return HubError(
+            f"permission denied: your token cannot {action} {repo_id} (HTTP 403); use a write token for that "
+            "namespace or push to your own namespace"
+        )
+    if status == 409:
+        return HubError(f"conflict while trying to {action} {repo_id} (HTTP 409: {detail}); retry in a moment")
+    if status == 412:
+        return HubError(f"{repo_id} changed while pushing (HTTP 412); run the command again")
+    return HubError(f"the Hub failed to {action} {repo_id} (HTTP {status or '?'}{': ' + detail if detail else ''}); retry later")
+
+
+@contextmanager
+def hub_errors(repo_id: str, endpoint: str, action: str = "access", token: str | None = None) -> Iterator[None]:
+    """Turn huggingface_hub and network failures into one-line, actionable errors.
+
+    Example:
+        >>> with hub_errors("alice/repo", "https://huggingface.co", "push to"):
+        ...     api.create_commit(...)
+    """
+    from huggingface_hub.errors import (
+        EntryNotFoundError,
+        GatedRepoError,
+        HfHubHTTPError,
+        HFValidationError,
+        LocalEntryNotFoundError,
+        LocalTokenNotFoundError,
+        RepositoryNotFoundError,
+        RevisionNotFoundError,
+    )
+
+    try:
+        yield
+    except HubExportError:
+        raise
+    except LocalTokenNotFoundError:
+        raise HubError(f"not logged in to {endpoint}: {LOGIN_HINT}") from None
+    except GatedRepoError:
+        raise HubError(f"{repo_id} is gated: accept its conditions on the Hub, then retry with your token") from None
+    except RepositoryNotFoundError:
+        raise HubError(
+            f"repo {repo_id} not found on {endpoint}, or your token cannot see it; check the id and --token/HF_TOKEN"
+        ) from None
+    except RevisionNotFoundError:
+        raise HubError(f"revision not found in {repo_id}; check --revision/--branch") from None
+    except LocalEntryNotFoundError:
+        raise HubError(
+            f"cannot download from {endpoint} (unreachable, and not in the local cache); check the network or "
+            "--endpoint/HF_ENDPOINT"
+        ) from None
+    except EntryNotFoundError as error:
+        raise HubError(f"{repo_id} lacks a file hub-export needs ({_redact(str(error).splitlines()[0], token)})") from None
+    except HfHubHTTPError as error:
+        failure = _http_message(error, repo_id, endpoint, action)
+        raise type(failure)(_redact(str(failure), token)) from None
+    except HFValidationError as error:
+        raise InputError(_redact(str(error).splitlines()[0], token)) from None
+    except _transport_errors() as error:
+        raise HubError(
+            f"cannot reach {endpoint} ({type(error).__name__}); check the network or --endpoint/HF_ENDPOINT"
+        ) from None
+
+
+# -- remote state -------------------------------------------------------------------
+
+
+@dataclass
+class _Remote:
+    """A target repo as it is before the push."""
+
+    exists: bool
+    branch_exists: bool
+    head: str | None  # commit the comparison was made against
+    files: dict[str, Any]  # path -> RepoFile
+    manifest: Manifest | None
+    private: bool | None = None
+
+    @property
+    def is_foreign(self) -> bool:
+        """Content not made by hub-export (an empty repo, e.g. a fresh one, is not)."""
+        return self.exists and self.manifest is None and bool(set(self.files) - {".gitattributes"})
+
+
+def _who(api, endpoint: str) -> dict:
+    with hub_errors("your account", endpoint, "identify"):
+        return api.whoami()
+
+
+def _check_can_write(user: dict, namespace: str, endpoint: str) -> None:
+    """Refuse early what the Hub would refuse after the export: read tokens, foreign namespaces."""
+    name = user.get("name", "")
+    role = ((user.get("auth") or {}).get("accessToken") or {}).get("role")
+    if role == "read":
+        raise HubError(f"your token for {endpoint} is read-only; create a write token and pass it with --token")
+    orgs = {org.get("name") for org in user.get("orgs") or [] if org.get("roleInOrg") != "read"}
+    if namespace != name and namespace not in orgs:
+        raise HubError(
+            f"permission denied: {name} cannot write to {namespace}/ on {endpoint}; push to {name}/... "
+            f"or ask {namespace} for write access"
+        )
+
+
+def _read_remote_manifest(api, repo_id: str, revision: str) -> Manifest | None:
+    from huggingface_hub import hf_hub_download
+
+    path = hf_hub_download(repo_id, MANIFEST_NAME, revision=revision, endpoint=api.endpoint, token=api.token)
+    try:
+        return Manifest.from_dict(json.loads(Path(path).read_text()))
+    except (InputError, json.JSONDecodeError, KeyError, TypeError):
+        return None
+
+
+def _remote_state(api, repo_id: str, branch: str | None, endpoint: str) -> _Remote:
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    with hub_errors(repo_id, endpoint, "read", api.token):
+        try:
+            info = api.repo_info(repo_id)
+        except RepositoryNotFoundError:
+            return _Remote(False, False, None, {}, None)
+        branch_exists = True
+        if branch and branch != "main":
+            branches = {b.name for b in api.list_repo_refs(repo_id).branches}
+            branch_exists = branch in branches
+        # A new branch starts from main, so main is what it would hold without this push.
+        revision = branch if branch and branch_exists else "main"
+        head = api.repo_info(repo_id, revision=revision).sha if revision != "main" else info.sha
+        files = {f.path: f for f in api.list_repo_tree(repo_id, recursive=True, revision=head) if hasattr(f, "blob_id")}
+        manifest = _read_remote_manifest(api, repo_id, head) if MANIFEST_NAME in files else None
+    return _Remote(True, branch_exists, head, files, manifest, getattr(info, "private", None))
+
+
+def _git_blob_id(data: bytes) -> str:
+    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
+
+
+def _is_unchanged(content: Path | bytes, remote_file) -> bool:
+    """Whether ``content`` equals the remote file: sha256 for LFS files, git blob id otherwise."""
+    if remote_file is None:
+        return False
+    if isinstance(content, Path):
+        size = content.stat().st_size
+        if remote_file.size != size:
+            return False
+        if remote_file.lfs is not None:
+            return remote_file.lfs.sha256 == sha256_file(content)
+        content = content.read_bytes()
+    if remote_file.size != len(content):
+        return False
+    if remote_file.lfs is not None:
+        return remote_file.lfs.sha256 == hashlib.sha256(content).hexdigest()
+    return remote_file.blob_id == _git_blob_id(content)
+
+
+# -- the local export -----------------------------------------------------------------
+
+
+def _check_folder(folder: Path, manifest: Manifest) -> None:
+    """Every variant present, intact and verified: only what passed verification is published."""
+    if not manifest.variants:
+        raise InputError(f"{folder.name}/{MANIFEST_NAME} lists no variant; export into it with `hub-export export`")
+    for variant in manifest.variants:
+        path = folder / variant.file
+        if not path.is_file():
+            raise InputError(f"{folder.name}/ lacks {variant.file}, listed in its manifest; export again")
+        check = variant.verification or {}
+        if check.get("skipped") or not check.get("passed"):
+            raise VerificationError(
+                f"{variant.file} was not verified (exported with --no-verify); export it again with verification "
+                "before publishing"
+            )
+        actual = sha256_file(path)
+        if actual != variant.sha256:
+            raise VerificationError(
+                f"{folder.name}/{variant.file} has sha256 {actual}, but the manifest says {variant.sha256}; "
+                "the file changed after export: export again"
+            )
+    if not (folder / "tokenizer.json").is_file():
+        raise InputError(f"{folder.name}/ has no tokenizer.json; the runners need it: export again")
+
+
+def _source_card_data(
+    source_card: str | Path | None, manifest: Manifest, folder: Path, source: str | None, token, endpoint: str
+) -> dict[str, Any]:
+    """The license/language to inherit, from the first that has it.
+
+    An explicit card, what the manifest remembered, the local source folder's card,
+    the Hub source's card (at the exported revision), then a card already in the folder.
+    """
+    if source_card is not None:
+        path = Path(source_card)
+        if not path.exists():
+            raise InputError(f"--source-card {path.name} not found")
+        return card_module.read_source_card(path)
+    if manifest.source.get("card_data"):
+        return dict(manifest.source["card_data"])
+    if source and Path(source).expanduser().is_dir():
+        return card_module.read_source_card(Path(source).expanduser())
+    if not manifest.source.get("local") and manifest.source.get("id"):
+        try:
+            return _hub_source_card(manifest.source["id"], manifest.source.get("revision"), token, endpoint)
+        except HubError:
+            if source is not None:
+                raise
+            # --from: the source may live on another Hub than the target; fall back to the folder.
+    return card_module.read_source_card(folder)
+
+
+def _hub_source_card(repo_id: str, revision: str | None, token, endpoint: str) -> dict[str, Any]:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError
+
+    with hub_errors(repo_id, endpoint, "read", token):
+        try:
+            path = hf_hub_download(repo_id, CARD_NAME, revision=revision, endpoint=endpoint, token=token)
+        except EntryNotFoundError:
+            return {}
+    return card_module.read_source_card(path)
+
+
+def _export_into(
+    source: str, folder: Path, export_options: dict[str, Any], token, endpoint: str, progress: Progress | None
+) -> Manifest:
+    from .export import export
+
+    options = {k: v for k, v in export_options.items() if v is not None}
+    return export(source, folder, token=token, endpoint=endpoint, progress=progress, **options)
+
+
+def _check_same_source(remote: Manifest, source_id: str | None) -> None:
+    """One repo, one source model: variants of another model would share its tokenizer and card."""
+    if remote.source.get("id") != source_id:
+        raise InputError(
+            f"the repo holds exports of {remote.source.get('id')!r}, not {source_id!r}; push to another repo"
+        )
+
+
+def _merge(remote: Manifest | None, local: Manifest) -> Manifest:
+    """The manifest the repo will hold: remote variants kept, local ones added or replacing."""
+    if remote is None:
+        return local
+    _check_same_source(remote, local.source.get("id"))
+    merged = remote.merge(local)
+    if "card_data" not in merged.source and remote.source.get("card_data"):
+        merged.source = {**merged.source, "card_data": remote.source["card_data"]}
+    # Each export adds the command that reproduces its variants.
+    commands = [c for c in remote.command.splitlines() + local.command.splitlines() if c.strip()]
+    merged.command = "\n".join(dict.fromkeys(commands))
+    return merged
+
+
+def _payload(folder: Path, local: Manifest, merged: Manifest, card_text: str) -> dict[str, Path | bytes]:
+    """Path in repo -> content: this export's variants, the companion files, manifest and card."""
+    files: dict[str, Path | bytes] = {v.file: folder / v.file for v in local.variants}
+    for name in COMPANION_FILES:
+        if (folder / name).is_file():
+            files[name] = folder / name
+    files[MANIFEST_NAME] = (json.dumps(merged.to_dict(), indent=2) + "\n").encode()
+    files[CARD_NAME] = card_text.encode("utf-8")
+    return files
+
+
+def _size(content: Path | bytes) -> int:
+    return content.stat().st_size if isinstance(content, Path) else len(content)
+
+
+def _commit_message(variants: Sequence[Variant]) -> str:
+    listed = ", ".join(f"{v.file} ({v.qmode}{'+emb' + v.qembedding if v.qembedding else ''})" for v in variants)
+    return f"Add ExecuTorch variants: {listed}"[:200]
+
+
+def _commit_description(local: Manifest, merged: Manifest) -> str:
+    lines = [f"Exported from {local.source.get('id')} with hub-export {local.versions.get('hub-export', '')}."]
+    for v in local.variants:
+        check = v.verification
+        lines.append(
+            f"- {v.file}: max abs diff {check.get('max_abs_diff')} <= {check.get('tolerance')}, "
+            f"top-1 {check.get('top1_agreement')}, max context {v.max_seq_len}"
+        )
+    lines.append(f"Variants in the repo after this commit: {', '.join(v.file for v in merged.variants)}.")
+    return "\n".join(lines)
+
+
+# -- push -----------------------------------------------------------------------------
+
+
+def push(
+    source: str | None = None,
+    repo_id: str | None = None,
+    *,
+    from_dir: str | Path | None = None,
+    output_dir: str | Path | None = None,
+    qmodes: Sequence[str] = ("8da4w",),
+    qembedding: str | None = None,
+    group_size: int | None = None,
+    max_seq_len: int | None = None,
+    revision: str | None = None,
+    trust_remote_code: bool = False,
+    allow_pickle: bool = False,
+    branch: str | None = None,
+    private: bool = False,
+    create_pr: bool = False,
+    dry_run: bool = False,
+    exist_ok: bool = False,
+    template: str | Path | None = None,
+    source_card: str | Path | None = None,
+    token: str | None = None,
+    endpoint: str | None = None,
+    progress: Progress | None = None,
+) -> PushResult:
+    """Export ``source`` (or take the export in ``from_dir``) and publish it in one commit.
+
+    ``revision`` is the *source* revision to export; ``branch`` is the target branch
+    (created from main when missing). ``repo_id`` defaults to
+    ``{your user}/{source name}-ExecuTorch``. An existing repo keeps its other variants;
+    card and manifest are updated. A repo not made by hub-export needs ``exist_ok``.
+
+    Example:
+        >>> result = push("HuggingFaceTB/SmolLM2-135M", qmodes=["8da4w"], max_seq_len=256)
+        >>> result.repo_id, result.variants
+        ('alice/SmolLM2-135M-ExecuTorch', ['model-8da4w.pte'])
+        >>> push(from_dir="out", repo_id="alice/SmolLM2-135M-ExecuTorch").summary
+        'nothing to push: the repo already has these files'
+    """
+    from huggingface_hub import HfApi
+
+    if (source is None) == (from_dir is None):
+        raise InputError("give either a SOURCE to export or --from DIR with an export folder")
+    if output_dir is not None:
+        if from_dir is not None:
+            raise InputError("-o/--output keeps a new export; with --from the export folder already exists")
+        if Path(output_dir).exists() and any(Path(output_dir).iterdir()):
+            raise InputError(f"{Path(output_dir).name} is not empty; choose another -o/--output")
+    say = progress or (lambda message: log.info(message))
+    endpoint = resolve_endpoint(endpoint)
+    token = resolve_token(token)
+    if token is None and not dry_run:
+        raise HubError(f"not logged in to {endpoint}: {LOGIN_HINT}")
+    folder = Path(from_dir) if from_dir is not None else None
+    if folder is not None and not folder.is_dir():
+        raise InputError(f"--from {folder.name} is not a folder")
+    local = Manifest.read(folder) if folder is not None else None
+    if template is not None and not Path(template).is_file():
+        raise InputError(f"template {Path(template).name} not found; pass an existing file to --template")
+    source_name = local.source.get("id") if local else _source_name(source)
+
+    api = HfApi(endpoint=endpoint, token=token if token else False)
+    user = _who(api, endpoint) if token else None
+    if repo_id is None:
+        if user is None:
+            raise HubError(f"name the target repo or log in so that it defaults to your namespace: {LOGIN_HINT}")
+        repo_id = f"{user['name']}/{default_repo_name(source_name or Path(source or '.').resolve().name)}"
+    check_repo_id(repo_id)
+    if user is not None:
+        _check_can_write(user, repo_id.split("/")[0], endpoint)
+    if branch is not None:
+        _check_branch(branch)
+
+    say(f"checking {repo_id} on {endpoint}")
+    remote = _remote_state(api, repo_id, branch, endpoint)
+    if remote.is_foreign and not exist_ok:
+        raise InputError(
+            f"{repo_id} already exists and was not made by hub-export (no {MANIFEST_NAME}); pass --exist-ok to add "
+            "the export to it"
+        )
+    if remote.manifest is not None:
+        _check_same_source(remote.manifest, source_name)  # before an export is wasted
+
+    with tempfile.TemporaryDirectory(prefix="hub-export-push-") as scratch:
+        if folder is None:
+            folder = Path(output_dir) if output_dir else Path(scratch) / "export"
+            export_options = dict(
+                qmodes=list(qmodes),
+                qembedding=qembedding,
+                group_size=group_size,
+                max_seq_len=max_seq_len,
+                revision=revision,
+                trust_remote_code=trust_remote_code,
+                allow_pickle=allow_pickle,
+            )
+            local = _export_into(source, folder, export_options, token, endpoint, say)
+        assert local is not None
+        _check_folder(folder, local)
+        card_data = _source_card_data(source_card, local, folder, source, token, endpoint)
+        if card_data:
+            local.source = {**local.source, "card_data": card_data}
+        if from_dir is None:
+            # Our own export folder: keep it re-renderable (`hub-export card`, `push --from`) as published.
+            local.write(folder)
+            card_module.write_card(folder, None, template, endpoint, repo_id=repo_id)
+        merged = _merge(remote.manifest, local)
+        card_text = card_module.render_card(
+            merged, None, template, endpoint, repo_id=repo_id, config=card_module.read_config(folder)
+        )
+        payload = _payload(folder, local, merged, card_text)
+        return _publish(api, repo_id, payload, remote, local, merged, branch, private, create_pr, dry_run, endpoint, say)
+
+
+def _source_name(source: str | None) -> str:
+    """The source id the export will record: the folder's name, or the repo id."""
+    path = Path(source or "").expanduser()
+    return path.name if path.is_dir() else (source or "")
+
+
+def _check_branch(branch: str) -> None:
+    if not branch or branch.startswith(("refs/", "/")) or any(c in branch for c in " ~^:?*[\\") or ".." in branch:
+        raise InputError(f"invalid branch name {branch!r}; use a plain name like 'executorch'")
+
+
+def _publish(
+    api,
+    repo_id: str,
+    payload: dict[str, Path | bytes],
+    remote: _Remote,
+    local: Manifest,
+    merged: Manifest,
+    branch: str | None,
+    private: bool,
+    create_pr: bool,
+    dry_run: bool,
+    endpoint: str,
+    say: Progress,
+) -> PushResult:
+    """Compare with the repo, then create repo/branch and commit what changed, in one commit."""
+    from huggingface_hub import CommitOperationAdd
+
+    changed = [p for p, content in payload.items() if not _is_unchanged(content, remote.files.get(p))]
+    url = f"{endpoint}/{repo_id}" + (f"/tree/{branch}" if branch and branch != "main" else "")
+    result = PushResult(
+        repo_id=repo_id,
+        url=url,
+        commit_oid=None,
+        files=changed,
+        variants=[v.file for v in merged.variants],
+        sizes={p: _size(c) for p, c in payload.items()},
+        unchanged=[p for p in payload if p not in changed],
+        dry_run=dry_run,
+    )
+    if private and remote.exists and remote.private is False:
+        result.notes.append(f"{repo_id} already exists and is public; --private only applies to new repos")
+    if dry_run:
+        return result
+    with hub_errors(repo_id, endpoint, "push to", api.token):
+        if not remote.exists:
+            say(f"creating {'private ' if private else ''}repo {repo_id}")
+            api.create_repo(repo_id, private=private, exist_ok=True)
+        if branch and branch != "main" and not remote.branch_exists:
+            say(f"creating branch {branch}")
+            api.create_branch(repo_id, branch=branch, revision=remote.head, exist_ok=True)
+        if not changed:
+            result.files = []
+            return result
+        say(f"uploading {len(changed)} file(s) in one commit")
+        operations = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=_content(payload[p])) for p in changed]
+        info = api.create_commit(
+            repo_id,
+            operations,
+            commit_message=_commit_message(local.variants),
+            commit_description=_commit_description(local, merged),
+            revision=branch,
+            create_pr=create_pr,
+            parent_commit=remote.head if remote.exists else None,
+        )
+    if info.oid == remote.head and not create_pr:
+        result.files = []  # the Hub found nothing new: no commit was made
+        return result
+    result.commit_oid = info.oid
+    result.pr_url = info.pr_url
+    return result
+
+
+def _content(content: Path | bytes) -> str | bytes:
+    return str(content) if isinstance(content, Path) else content
+
+
+# -- ls and pull ----------------------------------------------------------------------
+
+
+def list_variants(
+    repo_id: str, endpoint: str | None = None, token: str | None = None, revision: str | None = None
+) -> Manifest:
+    """The manifest of a repo published by hub-export: its variants, sizes and verification.
+
+    Example:
+        >>> [(v.file, v.size_bytes) for v in list_variants("alice/tiny-ExecuTorch").variants]
+        [('model-8da4w.pte', 235776)]
+    """
+    check_repo_id(repo_id)
+    endpoint = resolve_endpoint(endpoint)
+    with hub_errors(repo_id, endpoint, "read", token):
+        path = _download_manifest(repo_id, revision, None, endpoint, token)
+    return _parse_manifest(path, repo_id)
+
+
+def _download_manifest(repo_id: str, revision: str | None, local_dir: str | None, endpoint: str, token) -> Path:
+    from huggingface_hub import hf_hub_download
+    from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
+
+    try:
+        path = hf_hub_download(
+            repo_id, MANIFEST_NAME, revision=revision, local_dir=local_dir, endpoint=endpoint, token=token
+        )
+    except EntryNotFoundError as error:
+        if isinstance(error, LocalEntryNotFoundError):
+            raise  # a network failure, not a missing file
+        raise InputError(f"{repo_id} has no {MANIFEST_NAME}: it was not published by hub-export") from None
+    return Path(path)
+
+
+def _parse_manifest(path: Path, repo_id: str) -> Manifest:
+    try:
+        manifest = Manifest.from_dict(json.loads(path.read_text()))
+    except (json.JSONDecodeError, KeyError, TypeError):
+        raise InputError(f"{repo_id}/{MANIFEST_NAME} is not a hub-export manifest") from None
+    if not manifest.variants:
+        raise InputError(f"{repo_id} lists no variant in its {MANIFEST_NAME}")
+    return manifest
+
+
+def pull(
+    repo_id: str,
+    variant: str | None = None,
+    output_dir: str | Path | None = None,
+    endpoint: str | None = None,
+    token: str | None = None,
+    revision: str | None = None,
+) -> Path:
+    """Download one variant, its tokenizer and the manifest; check the ``.pte``'s sha256.
+
+    Files go to ``output_dir`` or to the huggingface_hub cache; the returned folder holds
+    the ``.pte``, ``tokenizer.json`` and ``manifest.json``. ``variant`` is a qmode or a
+    file name (default: the first variant). A file whose sha256 differs from the manifest
+    is removed and raises :class:`~hub_export.errors.VerificationError`.
+
+    Example:
+        >>> folder = pull("alice/tiny-ExecuTorch", variant="8da4w", output_dir="tiny")
+        >>> sorted(p.name for p in folder.glob("*.json"))[:2]
+        ['config.json', 'generation_config.json']
+    """
+    from huggingface_hub import HfApi, snapshot_download
+
+    check_repo_id(repo_id)
+    endpoint = resolve_endpoint(endpoint)
+    local_dir = str(output_dir) if output_dir is not None else None
+    with hub_errors(repo_id, endpoint, "read", token):
+        # Pin one commit so that the manifest and the files it describes agree.
+        commit = HfApi(endpoint=endpoint, token=token).repo_info(repo_id, revision=revision).sha
+        manifest = _parse_manifest(_download_manifest(repo_id, commit, local_dir, endpoint, token), repo_id)
+        chosen = manifest.variant(variant) if variant else manifest.variants[0]
+        try:
+            folder = snapshot_download(
+                repo_id,
+                revision=commit,
+                allow_patterns=[chosen.file, MANIFEST_NAME, *COMPANION_FILES],
+                local_dir=local_dir,
+                endpoint=endpoint,
+                token=token,
+            )
+        except OSError as error:
+            if "Consistency check failed" not in str(error):
+                raise
+            raise VerificationError(
+                f"{chosen.file} from {repo_id} arrived with the wrong size; the repo or the download is corrupt: retry"
+            ) from None
+    folder = Path(folder)
+    _check_download(folder / chosen.file, chosen, repo_id)
+    return folder
+
+
+def _check_download(path: Path, variant: Variant, repo_id: str) -> None:
+    """Compare a downloaded ``.pte`` with the manifest; remove it (and its cache blob) on mismatch."""
+    if not path.is_file():
+        raise HubError(f"{repo_id} lists {variant.file} in its manifest but the file is missing from the repo")
+    actual = sha256_file(path)
+    if actual == variant.sha256:
+        return
+    _remove_download(path)
+    raise VerificationError(
+        f"sha256 mismatch for {variant.file} from {repo_id}: got {actual}, the manifest says {variant.sha256}; "
+        "the file was removed: the repo content is corrupt or was altered, do not use it"
+    )
+
+
+def _remove_download(path: Path) -> None:
+    # In the cache the snapshot entry links to a blob named by its hash: drop both, or the
+    # next pull would trust the bad blob. In a local_dir, drop the download metadata too.
+    target = path.resolve() if path.is_symlink() else None
+    path.unlink(missing_ok=True)
+    if target is not None:
+        target.unlink(missing_ok=True)
+    for parent in path.parents:
+        metadata = parent / ".cache" / "huggingface" / "download" / f"{path.name}.metadata"
+        if metadata.is_file():
+            metadata.unlink()
+            break
+

@@ -1,0 +1,206 @@
+"""The model card: front matter a Hub user expects, inherited license/language, no local paths.
+
+These tests render cards from hand-built manifests (no export needed), and parse them
+back with ``huggingface_hub.ModelCard``, the way the Hub reads them.
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from pathlib import Path
+
+import pytest
+from huggingface_hub import ModelCard
+from typer.testing import CliRunner
+
+from hub_export.card import read_source_card, render_card, write_card
+from hub_export.cli import app
+from hub_export.errors import InputError
+from hub_export.manifest import Manifest, Variant
+
+ENDPOINT = "https://hub.example"
+SOURCE_CARD = """---
+license: other
+license_name: 'tiny-license: "v1"'
+license_link: https://example.com/LICENSE
+language:
+- en
+- fr
+tags:
+- not-inherited
+datasets:
+- some/dataset
+---
+# Tiny Llama
+
+The source model's own card.
+"""
+# A path-like string anywhere in a card would leak the exporting machine's layout.
+ABSOLUTE_PATH = re.compile(r"(?<![\w.:/])/(?:tmp|home|root|Users|work|var|private|mnt|opt)/")
+
+
+def _variant(qmode: str, *, verified: bool = True, qembedding: str | None = None) -> Variant:
+    verification = (
+        {
+            "passed": True,
+            "positions": 9,
+            "max_abs_diff": 0.00406,
+            "tolerance": 0.02623,
+            "top1_agreement": 1.0,
+            "quant_max_abs_diff_vs_fp32": 0.0627,
+            "quant_top1_vs_fp32": 0.889,
+            "runner_generated_tokens": 15,
+            "runner_prefill_tokens_per_s": 2800.0,
+            "runner_decode_tokens_per_s": 1500.0,
+            "failure": None,
+        }
+        if verified
+        else {"skipped": True}
+    )
+    return Variant(
+        file=f"model-{qmode}" + (f"-emb{qembedding}" if qembedding else "") + ".pte",
+        qmode=qmode,
+        qembedding=qembedding,
+        group_size=32 if qmode == "8da4w" else None,
+        max_seq_len=64,
+        size_bytes=235776,
+        sha256="0" * 64,
+        metadata={"get_max_seq_len": 64, "get_eos_ids": [0]},
+        verification=verification,
+        export_seconds=24.3,
+    )
+
+
+def _manifest(*, local: bool = False, variants: list[Variant] | None = None) -> Manifest:
+    return Manifest(
+        source={
+            "id": "tiny-llama" if local else "acme/Tiny-Llama",
+            "revision": None if local else "a" * 40,
+            "local": local,
+            "model_type": "llama",
+            "architecture": "LlamaForCausalLM",
+            "num_parameters": 106816,
+        },
+        versions={"torch": "2.13.0", "executorch": "1.5.1", "torchao": "0.18.0", "transformers": "5.24.0", "hub-export": "0.1.0"},
+        variants=variants or [_variant("8da4w", qembedding="8w"), _variant("fp32")],
+        command="hub-export export acme/Tiny-Llama --qmode 8da4w --qembedding 8w --qmode fp32 --max-seq-len 64",
+        machine="Test CPU, 2 cores, Linux x86_64",
+    )
+
+
+def _data(card: str) -> dict:
+    return ModelCard(card).data.to_dict()
+
+
+def test_front_matter_key_by_key(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text(SOURCE_CARD)
+    card = render_card(_manifest(), read_source_card(tmp_path), endpoint=ENDPOINT, repo_id="alice/Tiny-Llama-ExecuTorch")
+
+    assert card.startswith("---\n")
+    data = _data(card)
+    assert data["base_model"] == "acme/Tiny-Llama"
+    assert data["base_model_relation"] == "quantized"
+    assert data["library_name"] == "executorch"
+    assert data["pipeline_tag"] == "text-generation"
+    assert data["license"] == "other"
+    assert data["license_name"] == 'tiny-license: "v1"'  # quotes and a colon survive: safe_dump, not concatenation
+    assert data["license_link"] == "https://example.com/LICENSE"
+    assert data["language"] == ["en", "fr"]
+    assert data["tags"] == ["executorch", "xnnpack", "8da4w", "fp32", "llama", "hub-export"]
+    # Only what a quantized copy should carry over: not the source's tags or datasets.
+    assert set(data) == {
+        "base_model",
+        "base_model_relation",
+        "library_name",
+        "pipeline_tag",
+        "license",
+        "license_name",
+        "license_link",
+        "language",
+        "tags",
+    }
+
+
+def test_body_has_variants_usage_reproduction_and_limitations() -> None:
+    card = render_card(_manifest(), {"license": "apache-2.0"}, endpoint=ENDPOINT, repo_id="alice/Tiny-Llama-ExecuTorch")
+    body = ModelCard(card).text
+
+    row = next(line for line in body.splitlines() if line.startswith("| `model-8da4w-emb8w.pte`"))
+    for figure in ("8da4w (group 32)", "8w", "235.8 KB", "64 tokens", "0.00406 (0.0262)", "100%", "0.0627 / 89%", "2800 / 1500"):
+        assert figure in row
+    assert "| `model-fp32.pte` | fp32 | none |" in body
+    assert "Test CPU, 2 cores, Linux x86_64" in body  # the machine the tokens/s were measured on
+    assert "hub-export generate alice/Tiny-Llama-ExecuTorch --variant 8da4w" in body
+    assert 'hf_hub_download("alice/Tiny-Llama-ExecuTorch", "model-8da4w-emb8w.pte")' in body
+    assert "llama_main" in body and "--model_path=model-8da4w-emb8w.pte" in body
+    assert "Android" in body and "iOS" in body
+    assert "hub-export export acme/Tiny-Llama --qmode 8da4w --qembedding 8w --qmode fp32 --max-seq-len 64" in body
+    assert "| executorch | 1.5.1 |" in body
+    assert "Static KV cache" in body and "64 tokens" in body
+    assert "Quantization error" in body
+    assert f"({ENDPOINT}/acme/Tiny-Llama)" in body  # link to the source model's card
+    assert "Every file was checked" in body
+
+
+def test_local_source_has_no_base_model_and_no_absolute_path(tmp_path: Path) -> None:
+    folder = tmp_path / "exports" / "tiny-llama"
+    folder.mkdir(parents=True)
+    _manifest(local=True).write(folder)
+    (folder / "config.json").write_text(json.dumps({"model_type": "llama", "max_position_embeddings": 512}))
+    source = tmp_path / "tiny-llama"
+    source.mkdir()
+    (source / "README.md").write_text("---\nlicense: apache-2.0\nlanguage:\n- en\n---\n# Tiny\n")
+
+    path = write_card(folder, read_source_card(source), endpoint=ENDPOINT)
+
+    card = path.read_text()
+    data = _data(card)
+    assert "base_model" not in data and "base_model_relation" not in data
+    assert data["license"] == "apache-2.0" and data["language"] == ["en"]
+    assert str(tmp_path) not in card
+    assert ABSOLUTE_PATH.search(card) is None
+    assert "uses full attention" in card  # from config.json: no sliding window
+
+
+def test_sliding_window_and_unverified_variants_are_stated() -> None:
+    manifest = _manifest(variants=[_variant("8da4w", verified=False)])
+    card = render_card(manifest, config={"model_type": "mistral", "sliding_window": 4096})
+    assert "window 4096 tokens" in card
+    assert "not verified" in card
+    assert "Every file was checked" not in card
+
+
+def test_card_cli_keeps_inherited_license_and_takes_a_template(tmp_path: Path) -> None:
+    folder = tmp_path / "out"
+    folder.mkdir()
+    _manifest().write(folder)
+    (tmp_path / "SOURCE.md").write_text(SOURCE_CARD)
+    runner = CliRunner()
+
+    first = runner.invoke(app, ["card", str(folder), "--source-card", str(tmp_path / "SOURCE.md")])
+    assert first.exit_code == 0, first.output
+    # Re-rendering later, without the source card, keeps what the manifest remembered.
+    (folder / "README.md").unlink()
+    second = runner.invoke(app, ["card", str(folder)])
+    assert second.exit_code == 0, second.output
+    data = _data((folder / "README.md").read_text())
+    assert data["license"] == "other" and data["language"] == ["en", "fr"]
+    assert Manifest.read(folder).source["card_data"]["license"] == "other"
+
+    template = tmp_path / "short.md.j2"
+    template.write_text("# {{ source_id }}\n{% for v in variants %}- {{ v.file }}: {{ v.size }}\n{% endfor %}")
+    third = runner.invoke(app, ["card", str(folder), "--template", str(template)])
+    assert third.exit_code == 0, third.output
+    card = (folder / "README.md").read_text()
+    assert card.endswith("# acme/Tiny-Llama\n- model-8da4w-emb8w.pte: 235.8 KB\n- model-fp32.pte: 235.8 KB\n")
+    assert _data(card)["library_name"] == "executorch"  # the front matter does not depend on the template
+
+
+def test_bad_template_is_a_one_line_input_error(tmp_path: Path) -> None:
+    with pytest.raises(InputError, match="not found"):
+        render_card(_manifest(), template=tmp_path / "missing.md.j2")
+    broken = tmp_path / "broken.md.j2"
+    broken.write_text("{{ no_such_value }}")
+    with pytest.raises(InputError, match="failed to render"):
+        render_card(_manifest(), template=broken)

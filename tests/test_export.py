@@ -1,0 +1,322 @@
+"""The export pipeline: variants, manifest, verification, failures and bad input."""
+
+from __future__ import annotations
+
+import json
+import shutil
+import sys
+from pathlib import Path
+
+import pytest
+
+from hub_export.cli import main
+from hub_export.manifest import Manifest, sha256_file
+
+
+def run_cli(args: list[str], capsys) -> tuple[int, str, str]:
+    """Run ``hub-export ARGS`` in-process through the real entry point."""
+    argv = sys.argv
+    sys.argv = ["hub-export", *args]
+    try:
+        main()
+        code = 0
+    except SystemExit as done:
+        code = done.code or 0
+    finally:
+        sys.argv = argv
+    captured = capsys.readouterr()
+    return code, captured.out, captured.err
+
+
+# --- a two-variant export (8da4w with 8-bit embeddings, fp32) of a tied model -------------
+
+
+def test_export_writes_every_variant_with_tokenizer_and_manifest(exported_multi):
+    names = sorted(p.name for p in exported_multi.iterdir())
+    assert "model-8da4w-emb8w.pte" in names and "model-fp32-emb8w.pte" in names
+    for required in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json", "manifest.json"):
+        assert required in names
+    assert "chat_template" in json.loads((exported_multi / "tokenizer_config.json").read_text())
+    assert not [n for n in exported_multi.parent.iterdir() if ".partial-" in n.name]
+
+
+def test_manifest_records_what_a_user_needs(exported_multi):
+    data = json.loads((exported_multi / "manifest.json").read_text())
+    assert data["schema_version"] == 1
+    assert data["source"]["id"] == "tiny-llama" and data["source"]["revision"] is None
+    assert set(data["versions"]) == {"torch", "executorch", "torchao", "transformers", "hub-export"}
+    assert data["versions"]["executorch"].startswith("1.5")
+    manifest = Manifest.read(exported_multi)
+    assert [v.qmode for v in manifest.variants] == ["8da4w", "fp32"]
+    for variant in manifest.variants:
+        path = exported_multi / variant.file
+        assert variant.size_bytes == path.stat().st_size
+        assert variant.sha256 == sha256_file(path)
+        assert variant.max_seq_len == 64 and variant.qembedding == "8w"
+        assert variant.export_seconds > 0
+        check = variant.verification
+        assert check["passed"] and check["max_abs_diff"] <= check["tolerance"]
+        assert check["top1_agreement"] >= 0.5 and check["runner_generated_tokens"] >= 1
+    assert manifest.variant("8da4w").group_size == 32 and manifest.variant("fp32").group_size is None
+    # fp32 must match eager almost exactly; the quantized variant must be far smaller.
+    assert manifest.variant("fp32").verification["max_abs_diff"] < 1e-3
+    assert manifest.variant("8da4w").size_bytes < 0.4 * manifest.variant("fp32").size_bytes
+
+
+def test_manifest_has_no_absolute_path(exported_multi):
+    text = (exported_multi / "manifest.json").read_text()
+    assert str(exported_multi.parent) not in text and "/tmp" not in text and "hf_" not in text
+
+
+def test_runner_metadata_is_in_the_pte(exported_multi):
+    from hub_export.runtime import PteModel
+
+    manifest = Manifest.read(exported_multi)
+    variant = manifest.variant("8da4w")
+    metadata = PteModel(exported_multi / variant.file).metadata
+    assert metadata == variant.metadata
+    assert metadata["get_max_seq_len"] == 64 and metadata["get_max_context_len"] == 64
+    assert metadata["get_eos_ids"] == [0]  # from generation_config and config, deduplicated
+    assert metadata["get_vocab_size"] == 512
+    assert metadata["enable_dynamic_shape"] is True and metadata["use_kv_cache"] is True
+    assert metadata["use_sdpa_with_kv_cache"] is True
+    assert "get_bos_id" not in metadata  # the tiny model has no BOS token
+
+
+def test_pte_prefills_in_parallel_and_matches_token_by_token(exported_multi, tiny_model):
+    """Prefilling N tokens at once gives the same logits as feeding them one by one."""
+    import torch
+
+    from hub_export.runtime import PteModel
+
+    model = PteModel(exported_multi / "model-fp32-emb8w.pte")
+    ids = torch.tensor([[5, 17, 99, 3, 250, 7]])
+    parallel = model.forward(ids, start_pos=0)
+    for pos in range(ids.shape[1]):
+        sequential = model.forward(ids[:, pos : pos + 1], start_pos=pos)
+    assert torch.allclose(parallel, sequential, atol=1e-4)
+
+
+# --- generation --------------------------------------------------------------------------
+
+
+def test_generate_streams_utf8_text_and_reports_speed(exported_multi):
+    from hub_export.generate import generate
+
+    pieces: list[str] = []
+    result = generate(
+        exported_multi / "model-8da4w-emb8w.pte", exported_multi, "Café 東京 🙂", max_new_tokens=40, on_text=pieces.append
+    )
+    assert "".join(pieces) == result.text
+    result.text.encode("utf-8")  # every piece was whole characters
+    assert result.prompt_tokens > 3 and 1 <= result.generated_tokens <= 40
+    assert result.prefill_tokens_per_s > 0 and result.stop_reason in {"eos", "max_new_tokens"}
+
+
+def test_generate_cli_prints_text_and_tokens_per_second(exported_multi, capsys):
+    code, out, err = run_cli(
+        ["generate", str(exported_multi), "--variant", "fp32", "-p", "Once upon a time", "--max-new-tokens", "12"], capsys
+    )
+    assert code == 0, err
+    assert "prefill" in err and "decode" in err and "tok/s" in err
+
+
+# --- more qmodes, untied embeddings and the group-size fallback ---------------------------
+
+
+@pytest.fixture(scope="session")
+def untied_odd_model(tmp_path_factory) -> Path:
+    """Untied embeddings and an MLP width (80) that group size 32 does not divide."""
+    from hub_export.demo import build_tiny_model, tiny_llama_config
+
+    config = tiny_llama_config(intermediate_size=80, tie_word_embeddings=False)
+    return build_tiny_model(tmp_path_factory.mktemp("models") / "untied-odd", config=config, seed=1)
+
+
+def test_8da8w_and_grouped_fallback_with_4bit_embeddings(untied_odd_model, tmp_path, caplog):
+    from hub_export.export import export
+
+    with caplog.at_level("WARNING"):
+        manifest = export(str(untied_odd_model), tmp_path / "out", qmodes=["8da8w", "8da4w"], qembedding="4w", max_seq_len=48)
+    by_mode = {v.qmode: v for v in manifest.variants}
+    assert by_mode["8da8w"].verification["passed"] and by_mode["8da4w"].verification["passed"]
+    assert by_mode["8da8w"].per_channel_fallback == []  # per-channel already
+    fallback = by_mode["8da4w"].per_channel_fallback
+    assert fallback and all(name.endswith("down_proj") for name in fallback)
+    assert "group size 32 does not divide" in caplog.text
+    assert by_mode["8da4w"].qembedding == "4w"
+
+
+# --- verification catches a broken file ---------------------------------------------------
+
+
+def test_verification_fails_on_a_corrupted_pte(exported_multi, tiny_model, tmp_path):
+    from hub_export.export import load_model
+    from hub_export.verify import build_reference, verify
+
+    broken = tmp_path / "broken.pte"
+    data = bytearray((exported_multi / "model-fp32-emb8w.pte").read_bytes())
+    # Overwrite a stretch of the weights (delegate data sits in the second half).
+    start = len(data) // 2
+    data[start : start + 4096] = bytes(range(256)) * 16
+    broken.write_bytes(bytes(data))
+    model = load_model(tiny_model, False)
+    reference = build_reference(model, tiny_model / "tokenizer.json", 64)
+    result = verify(broken, model, reference, tiny_model / "tokenizer.json", "fp32")
+    assert not result.passed
+    assert result.failure and ("exceeds tolerance" in result.failure or "runtime" in result.failure)
+
+
+def test_failed_verification_fails_the_command_and_leaves_nothing(tiny_model, tmp_path, capsys, monkeypatch):
+    import hub_export.export as export_module
+
+    real_to_pte = export_module.to_pte
+
+    def corrupting_to_pte(program, metadata, path):
+        size = real_to_pte(program, metadata, path)
+        data = bytearray(path.read_bytes())
+        data[len(data) // 2 : len(data) // 2 + 4096] = b"\xff" * 4096
+        path.write_bytes(bytes(data))
+        return size
+
+    monkeypatch.setattr(export_module, "to_pte", corrupting_to_pte)
+    out = tmp_path / "out"
+    code, _, err = run_cli(["export", str(tiny_model), "-o", str(out), "-q", "fp32", "--max-seq-len", "32"], capsys)
+    assert code == 4
+    assert "failed verification" in err and "model-fp32.pte" in err
+    assert not out.exists()
+    assert list(tmp_path.iterdir()) == []
+
+
+# --- bad input: one line, an exit code, nothing written -----------------------------------
+
+
+def _variant_of(model: Path, tmp_path: Path, edit) -> Path:
+    copy = tmp_path / "src"
+    shutil.copytree(model, copy)
+    edit(copy)
+    return copy
+
+
+def _edit_config(**changes):
+    def edit(folder: Path):
+        config = json.loads((folder / "config.json").read_text())
+        config.update(changes)
+        (folder / "config.json").write_text(json.dumps(config))
+
+    return edit
+
+
+BAD_INPUTS = {
+    "no such folder or repo": (lambda m, t: "./does/not/exist", [], 2, "neither an existing folder nor a Hub repo id"),
+    "no config": (lambda m, t: _variant_of(m, t, lambda f: (f / "config.json").unlink()), [], 3, "has no config.json"),
+    "not a causal LM": (
+        lambda m, t: _variant_of(m, t, _edit_config(model_type="bert")),
+        [],
+        2,
+        "not a supported decoder-only causal LM; supported: ",
+    ),
+    "remote code": (
+        lambda m, t: _variant_of(m, t, _edit_config(auto_map={"AutoModelForCausalLM": "x.Y"})),
+        [],
+        2,
+        "pass --trust-remote-code",
+    ),
+    "missing tokenizer": (
+        lambda m, t: _variant_of(m, t, lambda f: (f / "tokenizer.json").unlink()),
+        [],
+        3,
+        "has no tokenizer.json",
+    ),
+    "pickle weights": (
+        lambda m, t: _variant_of(m, t, lambda f: (f / "model.safetensors").rename(f / "pytorch_model.bin")),
+        [],
+        2,
+        "pass --allow-pickle",
+    ),
+    "max seq len above limit": (lambda m, t: m, ["--max-seq-len", "100000"], 2, "above the model's limit of 512"),
+    "unknown qmode": (lambda m, t: m, ["-q", "int3"], 2, "unknown --qmode 'int3'"),
+    "weight-only refused": (lambda m, t: m, ["-q", "4w"], 2, "use 8da4w or 8da8w"),
+    "bad group size": (lambda m, t: m, ["--group-size", "0"], 2, "--group-size must be a positive even number"),
+}
+
+
+@pytest.mark.parametrize("case", list(BAD_INPUTS))
+def test_bad_input_is_one_clear_line(case, tiny_model, tmp_path, capsys):
+    make_source, extra, exit_code, message = BAD_INPUTS[case]
+    source = make_source(tiny_model, tmp_path)
+    out = tmp_path / "out"
+    code, stdout, err = run_cli(["export", str(source), "-o", str(out), *extra], capsys)
+    assert code == exit_code, err
+    assert message in " ".join(err.split())
+    assert err.strip().startswith("Error:") and "Traceback" not in err
+    assert not out.exists()
+    assert not [p for p in tmp_path.iterdir() if ".partial-" in p.name]
+
+
+def test_non_empty_output_folder_is_refused(tiny_model, tmp_path, capsys):
+    out = tmp_path / "out"
+    out.mkdir()
+    (out / "keep.txt").write_text("mine")
+    code, _, err = run_cli(["export", str(tiny_model), "-o", str(out), "-q", "fp32"], capsys)
+    assert code == 2 and "not empty" in err
+    assert [p.name for p in out.iterdir()] == ["keep.txt"]
+
+
+# --- Hub sources, through the local Hub ---------------------------------------------------
+
+
+@pytest.fixture(scope="session")
+def hub_model(local_hub, tiny_model):
+    """The tiny model uploaded to alice's private repo on the local Hub."""
+    api = local_hub.api(local_hub.alice_token)
+    repo_id = "alice/tiny-source"
+    api.create_repo(repo_id, private=True)
+    commit = api.upload_folder(repo_id=repo_id, folder_path=str(tiny_model))
+    return repo_id, commit.oid
+
+
+def test_export_from_the_hub_records_repo_and_commit(local_hub, hub_model, tmp_path):
+    from hub_export.export import export
+
+    repo_id, commit = hub_model
+    manifest = export(
+        repo_id, tmp_path / "out", qmodes=["fp32"], max_seq_len=32, endpoint=local_hub.endpoint,
+        token=local_hub.alice_token, cache_dir=tmp_path / "cache",
+    )
+    assert manifest.source["id"] == repo_id and manifest.source["revision"] == commit
+    assert manifest.variants[0].verification["passed"]
+    text = (tmp_path / "out" / "manifest.json").read_text()
+    assert local_hub.alice_token not in text and str(tmp_path) not in text
+
+
+HUB_ERRORS = {
+    "repo not found": ("alice/nope", "alice", 3, "not found on"),
+    "private repo, other user": ("alice/tiny-source", "bob", 3, "for a private repo pass --token"),
+    "private repo, anonymous": ("alice/tiny-source", None, 3, "not found on"),
+    "revision not found": ("alice/tiny-source", "alice", 3, "revision 'v9' not found"),
+}
+
+
+@pytest.mark.parametrize("case", list(HUB_ERRORS))
+def test_hub_errors_are_clear(case, local_hub, hub_model, tmp_path, capsys):
+    repo_id, user, exit_code, message = HUB_ERRORS[case]
+    args = ["export", repo_id, "-o", str(tmp_path / "out"), "--endpoint", local_hub.endpoint]
+    token = {"alice": local_hub.alice_token, "bob": local_hub.bob_token}.get(user)
+    if token:
+        args += ["--token", token]
+    if case == "revision not found":
+        args += ["--revision", "v9"]
+    code, out, err = run_cli(args, capsys)
+    assert code == exit_code, err
+    assert message in " ".join(err.split())
+    for secret in (local_hub.alice_token, local_hub.bob_token):
+        assert secret not in err and secret not in out
+    assert not (tmp_path / "out").exists()
+
+
+def test_unreachable_endpoint(tmp_path, capsys):
+    code, _, err = run_cli(
+        ["export", "org/model", "-o", str(tmp_path / "out"), "--endpoint", "http://127.0.0.1:9"], capsys
+    )
+    assert code == 3 and "cannot reach" in err
