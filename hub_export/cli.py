@@ -54,7 +54,7 @@ def _stages(title: str):
     with err.status(title) as status:
 
         def say(message: str) -> None:
-            err.print(f"[dim]{time.perf_counter() - started:7.1f}s[/dim]  {escape(message)}")
+            err.print(f"[dim]{time.perf_counter() - started:7.1f}s[/dim]  {escape(message)}", soft_wrap=True)
             status.update(f"{escape(message)} ...")
 
         yield say
@@ -390,7 +390,7 @@ def main() -> None:
     try:
         app(standalone_mode=False)
     except HubExportError as error:
-        err.print(f"[bold red]Error:[/bold red] {escape(str(error))}")
+        err.print(f"[bold red]Error:[/bold red] {escape(str(error))}", soft_wrap=True)
         sys.exit(error.exit_code)
     except typer.Exit as done:
         sys.exit(done.exit_code)
@@ -410,7 +410,8 @@ def main() -> None:
             raise
         err.print(
             f"[bold red]Internal error:[/bold red] {type(error).__name__}: {escape(_first_line(error))} "
-            "(rerun with HUB_EXPORT_DEBUG=1 for a traceback, and please report it)"
+            "(rerun with HUB_EXPORT_DEBUG=1 for a traceback, and please report it)",
+            soft_wrap=True,
         )
         sys.exit(1)
 

@@ -470,38 +470,20 @@ def push(
     """
     from huggingface_hub import HfApi
 
-    if (source is None) == (from_dir is None):
-        raise InputError("give either a SOURCE to export or --from DIR with an export folder")
-    if output_dir is not None:
-        if from_dir is not None:
-            raise InputError("-o/--output keeps a new export; with --from the export folder already exists")
-        if Path(output_dir).exists() and any(Path(output_dir).iterdir()):
-            raise InputError(f"{Path(output_dir).name} is not empty; choose another -o/--output")
+    _check_push_arguments(source, from_dir, output_dir, template)
     say = progress or (lambda message: log.info(message))
     endpoint = resolve_endpoint(endpoint)
     token = resolve_token(token)
     if token is None and not dry_run:
         raise HubError(f"not logged in to {endpoint}: {LOGIN_HINT}")
     folder = Path(from_dir) if from_dir is not None else None
-    if folder is not None and not folder.is_dir():
-        raise InputError(f"--from {folder.name} is not a folder")
     local = Manifest.read(folder) if folder is not None else None
-    if template is not None and not Path(template).is_file():
-        raise InputError(f"template {Path(template).name} not found; pass an existing file to --template")
     source_name = local.source.get("id") if local else _source_name(source)
 
     api = HfApi(endpoint=endpoint, token=token if token else False)
-    user = _who(api, endpoint) if token else None
-    if repo_id is None:
-        if user is None:
-            raise HubError(f"name the target repo or log in so that it defaults to your namespace: {LOGIN_HINT}")
-        repo_id = f"{user['name']}/{default_repo_name(source_name or Path(source or '.').resolve().name)}"
-    check_repo_id(repo_id)
-    if user is not None:
-        _check_can_write(user, repo_id.split("/")[0], endpoint)
+    repo_id = _target_repo(api, repo_id, source_name or Path(source or ".").resolve().name, token, endpoint)
     if branch is not None:
         _check_branch(branch)
-
     say(f"checking {repo_id} on {endpoint}")
     remote = _remote_state(api, repo_id, branch, endpoint)
     if remote.is_foreign and not exist_ok:
@@ -514,6 +496,7 @@ def push(
 
     with tempfile.TemporaryDirectory(prefix="hub-export-push-") as scratch:
         if folder is None:
+            assert source is not None
             folder = Path(output_dir) if output_dir else Path(scratch) / "export"
             export_options = dict(
                 qmodes=list(qmodes),
@@ -535,11 +518,38 @@ def push(
             local.write(folder)
             card_module.write_card(folder, None, template, endpoint, repo_id=repo_id)
         merged = _merge(remote.manifest, local)
-        card_text = card_module.render_card(
-            merged, None, template, endpoint, repo_id=repo_id, config=card_module.read_config(folder)
-        )
+        config = card_module.read_config(folder)
+        card_text = card_module.render_card(merged, None, template, endpoint, repo_id=repo_id, config=config)
         payload = _payload(folder, local, merged, card_text)
         return _publish(api, repo_id, payload, remote, local, merged, branch, private, create_pr, dry_run, endpoint, say)
+
+
+def _check_push_arguments(source, from_dir, output_dir, template) -> None:
+    """Argument mistakes, found before any request."""
+    if (source is None) == (from_dir is None):
+        raise InputError("give either a SOURCE to export or --from DIR with an export folder")
+    if from_dir is not None and not Path(from_dir).is_dir():
+        raise InputError(f"--from {Path(from_dir).name} is not a folder")
+    if output_dir is not None:
+        if from_dir is not None:
+            raise InputError("-o/--output keeps a new export; with --from the export folder already exists")
+        if Path(output_dir).exists() and any(Path(output_dir).iterdir()):
+            raise InputError(f"{Path(output_dir).name} is not empty; choose another -o/--output")
+    if template is not None and not Path(template).is_file():
+        raise InputError(f"template {Path(template).name} not found; pass an existing file to --template")
+
+
+def _target_repo(api, repo_id: str | None, source_name: str, token: str | None, endpoint: str) -> str:
+    """The checked target repo id: given, or ``{user}/{source}-ExecuTorch``; writable by the token."""
+    user = _who(api, endpoint) if token else None
+    if repo_id is None:
+        if user is None:
+            raise HubError(f"name the target repo or log in so that it defaults to your namespace: {LOGIN_HINT}")
+        repo_id = f"{user['name']}/{default_repo_name(source_name)}"
+    check_repo_id(repo_id)
+    if user is not None:
+        _check_can_write(user, repo_id.split("/")[0], endpoint)
+    return repo_id
 
 
 def _source_name(source: str | None) -> str:

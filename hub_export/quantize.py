@@ -107,7 +107,7 @@ def quantize_linears(model: nn.Module, qmode: str, group_size: int = DEFAULT_GRO
         if fallback:
             log.warning(
                 "group size %d does not divide the input width of %d layer(s) (%s%s); "
-                "quantizing those per channel",
+                "quantizing those per channel with int8 weights (XNNPACK's int4 kernels need whole groups)",
                 group_size,
                 len(fallback),
                 ", ".join(fallback[:3]),
@@ -123,7 +123,8 @@ def quantize_linears(model: nn.Module, qmode: str, group_size: int = DEFAULT_GRO
 
     quantize_(model, mode.config(_granularity(mode.grouped, group_size)), filter_fn=grouped)
     if fallback:
-        quantize_(model, mode.config(_granularity(False, group_size)), filter_fn=per_channel)
+        per_channel_config = _dynamic_act(8) if mode.name.startswith("8da") else _weight_only(8)
+        quantize_(model, per_channel_config(_granularity(False, group_size)), filter_fn=per_channel)
     return fallback
 
 
@@ -165,5 +166,8 @@ def validate(qmodes: list[str], qembedding: str | None, group_size: int) -> None
         raise InputError("each --qmode may be given once")
     if qembedding and qembedding not in QEMBEDDINGS:
         raise InputError(f"unknown --qembedding {qembedding!r}; choose from {', '.join(QEMBEDDINGS)}")
-    if group_size <= 0 or group_size % 2:
-        raise InputError(f"--group-size must be a positive even number (got {group_size}); 32 is typical")
+    if group_size <= 0 or group_size % 32:
+        raise InputError(
+            f"--group-size must be a positive multiple of 32 (got {group_size}), as XNNPACK's int4 kernels require; "
+            "32 is typical"
+        )

@@ -52,9 +52,14 @@ def _matches(name: str, patterns: list[str]) -> bool:
 
 
 def _network_errors() -> tuple[type[BaseException], ...]:
-    import httpx
-
-    return (OSError, ConnectionError, httpx.TransportError)
+    """Connection-level failures of whichever HTTP client huggingface_hub uses."""
+    errors: list[type[BaseException]] = [OSError, ConnectionError]
+    for module_name in ("httpx2", "httpx"):
+        try:
+            errors.append(__import__(module_name).TransportError)
+        except (ImportError, AttributeError):
+            pass
+    return tuple(errors)
 
 
 def _hub_errors():

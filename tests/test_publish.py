@@ -187,6 +187,29 @@ def test_adding_a_variant_keeps_the_others(
     assert {"model-8da4w.pte", "model-fp32.pte"} <= files
 
 
+def test_push_of_a_hub_source_links_to_it_and_inherits_its_card(
+    local_hub: LocalHubFixture, export_8da4w: Path, source_model: Path, tmp_path: Path
+) -> None:
+    api = local_hub.api(local_hub.alice_token)
+    source_id = "acme/tiny-llama"
+    api.create_repo(source_id)
+    card = "---\nlicense: mit\nlanguage:\n- en\n- de\n---\n# Tiny Llama on the Hub\n"
+    api.upload_file(path_or_fileobj=card.encode(), path_in_repo="README.md", repo_id=source_id)
+    revision = api.model_info(source_id).sha
+    # The same export, recorded as made from the Hub repo (its files and hashes are unchanged).
+    folder = shutil.copytree(export_8da4w, tmp_path / "from-hub")
+    manifest = Manifest.read(folder)
+    manifest.source = {**manifest.source, "id": source_id, "local": False, "revision": revision}
+    manifest.write(folder)
+
+    result = _push(local_hub, folder, "alice/tiny-from-hub")
+
+    data = ModelCard.load(result.repo_id).data.to_dict()
+    assert data["base_model"] == source_id and data["base_model_relation"] == "quantized"
+    assert data["license"] == "mit" and data["language"] == ["en", "de"]  # from the source's card on the Hub
+    assert f"({local_hub.endpoint}/{source_id})" in ModelCard.load(result.repo_id).text
+
+
 def test_private_repo_is_invisible_to_others(
     local_hub: LocalHubFixture, export_8da4w: Path, source_model: Path
 ) -> None:
@@ -314,7 +337,7 @@ def test_bad_name_unreachable_endpoint_and_no_login(
 
 
 def test_pull_checks_sha256_against_the_manifest(
-    local_hub: LocalHubFixture, export_8da4w: Path, source_model: Path, tmp_path: Path
+    local_hub: LocalHubFixture, export_8da4w: Path, source_model: Path, tmp_path: Path, hf_isolated_env: Path
 ) -> None:
     repo_id = "alice/tiny-tampered"
     _push(local_hub, export_8da4w, repo_id, source_model)
@@ -330,12 +353,16 @@ def test_pull_checks_sha256_against_the_manifest(
         blob.write_bytes(tampered)
         with pytest.raises(VerificationError) as caught:
             pull(repo_id, variant="8da4w", output_dir=out, endpoint=local_hub.endpoint)
+        with pytest.raises(VerificationError, match="sha256 mismatch"):
+            pull(repo_id, variant="model-8da4w.pte", endpoint=local_hub.endpoint)  # into the HF cache
     finally:
         blob.write_bytes(original)  # blobs are shared by content: other repos hold this file too
     message = str(caught.value)
     assert "sha256 mismatch for model-8da4w.pte" in message and expected in message and actual in message
     assert "\n" not in message
     assert not (out / "model-8da4w.pte").exists()  # the bad file is not left behind
+    cached = list((hf_isolated_env / "hub" / "models--alice--tiny-tampered").rglob("*"))
+    assert not [p for p in cached if p.name in ("model-8da4w.pte", expected)]  # neither the link nor the blob
     assert sha256_file(pull(repo_id, output_dir=out, endpoint=local_hub.endpoint) / "model-8da4w.pte") == expected
 
 
