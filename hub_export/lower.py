@@ -44,6 +44,42 @@ def is_dynamic(program: torch.export.ExportedProgram) -> bool:
     return False
 
 
+def _static_except_one(node: torch.fx.Node) -> list[int] | None:
+    """The node's output shape with its single symbolic dim as -1, else None."""
+    value = node.meta.get("val")
+    if value is None:
+        return None
+    shape = [d if isinstance(d, int) else -1 for d in value.shape]
+    return shape if shape.count(-1) == 1 else None
+
+
+def inferred_reshapes(program: torch.export.ExportedProgram) -> int:
+    """Rewrite reshapes with a symbolic size into reshapes with one inferred (-1) dim.
+
+    XNNPACK refuses ``view(x, [1, s, -1, 64])`` (a symbolic ``s``) and non-trailing
+    ``unsqueeze``, and every refused op splits a layer into several delegates with a
+    runtime hop between them. ``view(x, [1, -1, 3, 64])`` is the same reshape, which
+    XNNPACK takes. Returns the number of nodes rewritten.
+    """
+    aten = torch.ops.aten
+    reshapes = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default}
+    graph = program.graph_module.graph
+    rewritten = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in reshapes:
+            continue
+        shape = _static_except_one(node)
+        if shape is None:
+            continue
+        node.target = aten.view.default
+        node.args = (node.args[0], shape)
+        rewritten += 1
+    if rewritten:
+        graph.eliminate_dead_code()
+        program.graph_module.recompile()
+    return rewritten
+
+
 def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path: Path) -> int:
     """Partition to XNNPACK, plan memory and write the ``.pte`` to ``path``; returns its size.
 
@@ -54,6 +90,7 @@ def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
+    inferred_reshapes(program)
     edge = to_edge_transform_and_lower(
         program,
         partitioner=[XnnpackPartitioner()],

@@ -155,7 +155,9 @@ class ExportableDecoder(nn.Module):
         text_config = model.config.get_text_config()
         self.model = model
         self.max_seq_len = max_seq_len
-        self.cache = StaticKVCache(cache_spec(text_config, max_seq_len), dtype=model.dtype)
+        spec = cache_spec(text_config, max_seq_len)
+        self.cache = StaticKVCache(spec, dtype=model.dtype)
+        self.register_buffer("rotate_half_weight", rotate_half_weight(spec.head_dim), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         start_pos = cache_position[0].item()
@@ -210,6 +212,43 @@ def delegable_norms(model: nn.Module):
             del module.forward
 
 
+def rotate_half_weight(dim: int) -> torch.Tensor:
+    """``W`` with ``linear(x, W) == cat(-x[..., d/2:], x[..., :d/2])``: a signed permutation."""
+    half = dim // 2
+    weight = torch.zeros(dim, dim)
+    weight[:half, half:] = -torch.eye(half)
+    weight[half:, :half] = torch.eye(half)
+    return weight
+
+
+@contextlib.contextmanager
+def delegable_rotary(wrapped: "ExportableDecoder"):
+    """Temporarily swap ``rotate_half`` in the model's modeling module (export only).
+
+    XNNPACK does not delegate slices of dynamically shaped tensors, so the stock
+    slice-and-concat splits every layer's delegate. A product with a signed permutation
+    is exact (one non-zero term per output) and stays inside XNNPACK. The weight is a
+    buffer of the wrapper so that export sees a static parameter.
+    """
+    import sys
+
+    module = sys.modules.get(type(wrapped.model).__module__)
+    original = getattr(module, "rotate_half", None)
+    if original is None:
+        yield False
+        return
+
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        flat = x.contiguous().view(-1, x.shape[-1])
+        return torch.nn.functional.linear(flat, wrapped.rotate_half_weight).view(x.shape)
+
+    module.rotate_half = rotate_half
+    try:
+        yield True
+    finally:
+        module.rotate_half = original
+
+
 def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
     """``torch.export`` the wrapper with a dynamic sequence length (parallel prefill).
 
@@ -220,7 +259,7 @@ def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
     example_len = min(2, max_prefill)
     example = (torch.zeros((1, example_len), dtype=torch.long), torch.arange(example_len))
     dynamic = ({1: seq}, {0: seq}) if max_prefill > 1 else None
-    with torch.no_grad(), delegable_norms(wrapped.model):
+    with torch.no_grad(), delegable_norms(wrapped.model), delegable_rotary(wrapped):
         program = torch.export.export(wrapped, example, dynamic_shapes=dynamic, strict=True)
     wrapped.cache.reset()
     return program
