@@ -18,46 +18,39 @@ and ``hub-export --help`` stay fast.
 
 from __future__ import annotations
 
-from importlib import import_module
-from typing import TYPE_CHECKING, Any
+from .errors import HubError, HubExportError, InputError, SourceError, VerificationError
 
-from .errors import HubExportError, HubError, InputError, SourceError, VerificationError
+# Verbs live in modules of the same name (mlx-lm style). Binding the functions here,
+# after their modules are imported, keeps `hub_export.export` the function even once
+# `hub_export.export` the module is loaded. These modules import torch lazily.
+from .archs import FAMILIES
+from .card import render_card
+from .export import ExportOptions, export, read_manifest
+from .generate import GenerationResult, generate
+from .manifest import Manifest, Variant
+from .publish import list_variants, pull, push
+from .quantize import QMODES
 
 __version__ = "0.1.0"
 
-_LAZY = {
-    "export": ("export", "export"),
-    "ExportOptions": ("export", "ExportOptions"),
-    "read_manifest": ("export", "read_manifest"),
-    "Manifest": ("manifest", "Manifest"),
-    "Variant": ("manifest", "Variant"),
-    "generate": ("generate", "generate"),
-    "GenerationResult": ("generate", "GenerationResult"),
-    "push": ("publish", "push"),
-    "pull": ("publish", "pull"),
-    "list_variants": ("publish", "list_variants"),
-    "render_card": ("card", "render_card"),
-    "QMODES": ("quantize", "QMODES"),
-    "FAMILIES": ("archs", "FAMILIES"),
-}
-
-if TYPE_CHECKING:  # pragma: no cover
-    from .archs import FAMILIES
-    from .card import render_card
-    from .export import ExportOptions, export, read_manifest
-    from .generate import GenerationResult, generate
-    from .manifest import Manifest, Variant
-    from .publish import list_variants, pull, push
-    from .quantize import QMODES
-
-
-def __getattr__(name: str) -> Any:
-    if name not in _LAZY:
-        raise AttributeError(f"module 'hub_export' has no attribute {name!r}")
-    module_name, attribute = _LAZY[name]
-    value = getattr(import_module(f".{module_name}", __name__), attribute)
-    globals()[name] = value
-    return value
-
-
-__all__ = [*_LAZY, "HubExportError", "HubError", "InputError", "SourceError", "VerificationError", "__version__"]
+__all__ = [
+    "export",
+    "ExportOptions",
+    "read_manifest",
+    "Manifest",
+    "Variant",
+    "generate",
+    "GenerationResult",
+    "push",
+    "pull",
+    "list_variants",
+    "render_card",
+    "QMODES",
+    "FAMILIES",
+    "HubExportError",
+    "HubError",
+    "InputError",
+    "SourceError",
+    "VerificationError",
+    "__version__",
+]

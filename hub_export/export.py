@@ -18,14 +18,12 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Callable, Sequence
 
-import torch
-
 from . import archs, quantize, source as source_stage
 from .errors import InputError, VerificationError
-from .lower import is_dynamic, runner_metadata, to_pte
 from .manifest import Manifest, Variant, machine_description, package_versions, sha256_file
-from .verify import Reference, build_reference, verify
-from .wrap import ExportableDecoder, export_program
+
+# torch, executorch and the stage modules that need them are imported where used, so
+# that `import hub_export` and `hub-export --help` stay fast.
 
 log = logging.getLogger(__name__)
 
@@ -95,6 +93,7 @@ def token_ids(model) -> tuple[int | None, list[int]]:
 
 
 def load_model(path: Path, trust_remote_code: bool):
+    import torch
     from transformers import AutoModelForCausalLM
 
     model = AutoModelForCausalLM.from_pretrained(
@@ -103,7 +102,7 @@ def load_model(path: Path, trust_remote_code: bool):
     return model.eval()
 
 
-def weight_sharing_copy(model: torch.nn.Module) -> torch.nn.Module:
+def weight_sharing_copy(model: "torch.nn.Module") -> "torch.nn.Module":
     """A copy of ``model`` whose modules are new but whose parameters are shared.
 
     Quantization *replaces* parameters on the copy's modules (it never writes into
@@ -135,17 +134,21 @@ def _kind(qmode: str) -> str:
 class _Run:
     """State shared by the variants of one export run."""
 
-    model: torch.nn.Module
+    model: "torch.nn.Module"
     src: source_stage.Source
     options: ExportOptions
     max_seq_len: int
     workdir: Path
-    reference: Reference | None
+    reference: "Reference | None"
     say: Progress
     variants: list[Variant] = field(default_factory=list)
 
 
 def _export_variant(run: _Run, qmode: str) -> Variant:
+    from .lower import is_dynamic, runner_metadata, to_pte
+    from .verify import verify
+    from .wrap import ExportableDecoder, export_program
+
     opts = run.options
     name = variant_filename(qmode, opts.qembedding)
     started = time.perf_counter()
@@ -279,6 +282,8 @@ def export(
         model = load_model(src.path, trust_remote_code)
         reference = None
         if options.verify:
+            from .verify import build_reference
+
             say("computing the fp32 eager reference")
             reference = build_reference(model, src.path / "tokenizer.json", seq_len)
         run = _Run(model, src, options, seq_len, workdir, reference, say)

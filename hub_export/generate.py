@@ -14,10 +14,7 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import Callable
 
-import torch
-
 from .errors import InputError
-from .runtime import PteModel
 
 
 @dataclass
@@ -59,7 +56,9 @@ def _chat_prompt(tokenizer_dir: Path, prompt: str) -> str:
     )
 
 
-def _sample(logits: torch.Tensor, temperature: float, generator: torch.Generator) -> int:
+def _sample(logits, temperature: float, generator) -> int:
+    import torch
+
     if temperature <= 0:
         return int(logits.argmax())
     probs = torch.softmax(logits.float() / temperature, dim=-1)
@@ -85,8 +84,11 @@ def generate(
         >>> round(result.decode_tokens_per_s) > 0
         True
     """
+    import torch
     from tokenizers import Tokenizer
     from tokenizers.decoders import DecodeStream
+
+    from .runtime import PteModel
 
     tokenizer_dir = Path(tokenizer_dir)
     tokenizer_file = tokenizer_dir / "tokenizer.json"

@@ -11,9 +11,6 @@ import logging
 from dataclasses import dataclass
 from typing import Callable
 
-import torch
-from torch import nn
-
 log = logging.getLogger(__name__)
 
 DEFAULT_GROUP_SIZE = 32
@@ -42,10 +39,28 @@ def _torchao():
     return Int8DynamicActivationIntxWeightConfig, IntxWeightOnlyConfig, PerAxis, PerGroup
 
 
+def _dtype(bits: int):
+    import torch
+
+    return getattr(torch, f"int{bits}")
+
+
+def _is_linear(module) -> bool:
+    from torch import nn
+
+    return isinstance(module, nn.Linear)
+
+
+def _is_embedding(module) -> bool:
+    from torch import nn
+
+    return isinstance(module, nn.Embedding)
+
+
 def _dynamic_act(bits: int):
     def make(granularity):
         config_cls, _, _, _ = _torchao()
-        return config_cls(weight_dtype=getattr(torch, f"int{bits}"), weight_granularity=granularity)
+        return config_cls(weight_dtype=_dtype(bits), weight_granularity=granularity)
 
     return make
 
@@ -53,7 +68,7 @@ def _dynamic_act(bits: int):
 def _weight_only(bits: int):
     def make(granularity):
         _, config_cls, _, _ = _torchao()
-        return config_cls(weight_dtype=getattr(torch, f"int{bits}"), granularity=granularity)
+        return config_cls(weight_dtype=_dtype(bits), granularity=granularity)
 
     return make
 
@@ -86,7 +101,7 @@ def _granularity(grouped: bool, group_size: int):
     return PerGroup(group_size) if grouped else PerAxis(0)
 
 
-def quantize_linears(model: nn.Module, qmode: str, group_size: int = DEFAULT_GROUP_SIZE) -> list[str]:
+def quantize_linears(model: "nn.Module", qmode: str, group_size: int = DEFAULT_GROUP_SIZE) -> list[str]:
     """Quantize every ``nn.Linear`` of ``model`` in place.
 
     Layers whose input width ``group_size`` does not divide fall back to per-channel
@@ -102,7 +117,7 @@ def quantize_linears(model: nn.Module, qmode: str, group_size: int = DEFAULT_GRO
         fallback = [
             name
             for name, module in model.named_modules()
-            if isinstance(module, nn.Linear) and module.in_features % group_size
+            if _is_linear(module) and module.in_features % group_size
         ]
         if fallback:
             log.warning(
@@ -116,10 +131,10 @@ def quantize_linears(model: nn.Module, qmode: str, group_size: int = DEFAULT_GRO
     fallback_set = set(fallback)
 
     def grouped(module, fqn):
-        return isinstance(module, nn.Linear) and fqn not in fallback_set
+        return _is_linear(module) and fqn not in fallback_set
 
     def per_channel(module, fqn):
-        return isinstance(module, nn.Linear) and fqn in fallback_set
+        return _is_linear(module) and fqn in fallback_set
 
     quantize_(model, mode.config(_granularity(mode.grouped, group_size)), filter_fn=grouped)
     if fallback:
@@ -128,7 +143,7 @@ def quantize_linears(model: nn.Module, qmode: str, group_size: int = DEFAULT_GRO
     return fallback
 
 
-def quantize_embeddings(model: nn.Module, qembedding: str | None) -> None:
+def quantize_embeddings(model: "nn.Module", qembedding: str | None) -> None:
     """Quantize the token embedding(s) weight-only, per row (``4w`` or ``8w``)."""
     if not qembedding:
         return
@@ -136,12 +151,12 @@ def quantize_embeddings(model: nn.Module, qembedding: str | None) -> None:
 
     bits = QEMBEDDINGS[qembedding]
     _, config_cls, PerAxis, _ = _torchao()
-    config = config_cls(weight_dtype=getattr(torch, f"int{bits}"), granularity=PerAxis(0))
-    quantize_(model, config, filter_fn=lambda module, fqn: isinstance(module, nn.Embedding))
+    config = config_cls(weight_dtype=_dtype(bits), granularity=PerAxis(0))
+    quantize_(model, config, filter_fn=lambda module, fqn: _is_embedding(module))
 
 
 def quantize_model(
-    model: nn.Module, qmode: str, qembedding: str | None = None, group_size: int = DEFAULT_GROUP_SIZE
+    model: "nn.Module", qmode: str, qembedding: str | None = None, group_size: int = DEFAULT_GROUP_SIZE
 ) -> list[str]:
     """Apply ``qembedding`` then ``qmode`` to ``model`` in place; returns per-channel fallbacks.
 
