@@ -1,0 +1,33 @@
+"""Regenerate the README's generated sections (architecture table, benchmark table).
+
+    python scripts/update_readme.py
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def replace_section(text: str, name: str, body: str) -> str:
+    pattern = re.compile(rf"(<!-- {name}:[^\n]*-->\n).*?(<!-- /{name} -->)", re.S)
+    if not pattern.search(text):
+        raise SystemExit(f"README has no {name} section")
+    return pattern.sub(lambda m: m.group(1) + body.rstrip("\n") + "\n" + m.group(2), text)
+
+
+def main() -> None:
+    from hub_export.archs import markdown_table
+
+    readme = ROOT / "README.md"
+    text = replace_section(readme.read_text(), "archs-table", markdown_table())
+    bench = ROOT / "benchmarks" / "results" / "smollm2-135m-shaped.md"
+    if bench.is_file():
+        text = replace_section(text, "bench-table", bench.read_text())
+    readme.write_text(text)
+
+
+if __name__ == "__main__":
+    main()

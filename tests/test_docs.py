@@ -1,0 +1,43 @@
+"""The README's generated sections match their sources."""
+
+from __future__ import annotations
+
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+
+
+def _section(name: str) -> str:
+    text = (ROOT / "README.md").read_text()
+    start = text.index(f"<!-- {name}:")
+    start = text.index("\n", start) + 1
+    return text[start : text.index(f"<!-- /{name} -->")].strip()
+
+
+def test_readme_archs_table_is_generated_from_the_registry():
+    from hub_export.archs import markdown_table
+
+    assert _section("archs-table") == markdown_table().strip()
+
+
+def test_archs_cli_prints_the_same_table():
+    from hub_export.archs import markdown_table
+
+    result = subprocess.run(
+        [sys.executable, "-m", "hub_export.cli", "archs", "--markdown"], capture_output=True, text=True, check=True
+    )
+    assert result.stdout.strip() == markdown_table().strip()
+
+
+def test_readme_benchmark_table_matches_the_results_file():
+    results = ROOT / "benchmarks" / "results" / "smollm2-135m-shaped.md"
+    assert results.is_file(), "run `make bench` and `python scripts/update_readme.py`"
+    assert _section("bench-table") == results.read_text().strip()
+
+
+def test_readme_quotes_the_benchmark_command_and_set_up_commands():
+    text = (ROOT / "README.md").read_text()
+    for command in ("make demo", "make test", "python -m benchmarks.bench_export"):
+        assert command in text
