@@ -201,7 +201,7 @@ def archs(markdown: bool = typer.Option(False, help="Print the Markdown table us
     from . import archs as registry
 
     if markdown:
-        out.print(registry.markdown_table(), markup=False)
+        typer.echo(registry.markdown_table())
         return
     table = Table(title="Supported decoder families")
     for column in ("family", "model types", "cache", "status", "notes"):

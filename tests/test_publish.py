@@ -8,6 +8,7 @@ also covers the export path of a push). Every test pushes to its own repo.
 from __future__ import annotations
 
 import contextlib
+import hashlib
 import io
 import os
 import re
@@ -17,7 +18,7 @@ import sys
 from pathlib import Path
 
 import pytest
-from huggingface_hub import CommitOperationAdd, HfApi, ModelCard, snapshot_download
+from huggingface_hub import CommitOperationAdd, ModelCard, snapshot_download
 from huggingface_hub.errors import RepositoryNotFoundError
 from typer.testing import CliRunner
 
@@ -346,7 +347,7 @@ def test_pull_checks_sha256_against_the_manifest(
     original = blob.read_bytes()
     # Same size, other bytes: only a content hash can tell.
     tampered = bytes(b ^ 0x5A for b in original)
-    actual = __import__("hashlib").sha256(tampered).hexdigest()
+    actual = hashlib.sha256(tampered).hexdigest()
     out = tmp_path / "pulled"
     try:
         blob.chmod(0o644)
