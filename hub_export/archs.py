@@ -51,19 +51,6 @@ def family_for(model_type: str) -> Family:
 def check_config(config, max_seq_len: int) -> Family:
     """Refuse, before any work, a config this exporter cannot export faithfully."""
     family = family_for(config.model_type)
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None) or []
-    uses_window = bool(window) and (
-        getattr(config, "use_sliding_window", True) is not False
-        and (not layer_types or "sliding_attention" in layer_types)
-    )
-    if uses_window and max_seq_len > window:
-        raise InputError(
-            f"{config.model_type} uses sliding-window attention (window {window}); sliding-window caches past "
-            f"the window are not supported yet, so --max-seq-len must be <= {window} (got {max_seq_len})"
-        )
-    if getattr(config, "attn_logit_softcapping", None):
-        raise InputError("attention logit soft-capping is not supported by the fused attention kernel")
     return family
 
 

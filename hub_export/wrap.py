@@ -98,18 +98,53 @@ class StaticKVCache(nn.Module):
             buffer.zero_()
 
 
-def custom_sdpa_attention(module, query, key, value, attention_mask, scaling=None, dropout=0.0, **kwargs):
+def custom_sdpa_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None, **kwargs
+):
     """transformers attention function backed by ``llama::custom_sdpa``.
 
     ``key``/``value`` are the full cache buffers returned by :class:`StaticKVCache`;
     the kernel reads positions ``[0, start_pos + seq)`` and applies the causal mask.
+    Layers with a sliding window (that the cache can outgrow) or logit soft-capping,
+    which the fused kernel cannot express, take :func:`masked_attention` instead.
     Returns ``[B, S, H, D]``, the layout transformers expects from attention.
     """
     start_pos = _current_start_pos()
+    if softcap or (sliding_window and sliding_window < key.shape[1]):
+        return masked_attention(query, key, value, start_pos, scaling, sliding_window, softcap), None
     output = torch.ops.llama.custom_sdpa(
         query.transpose(1, 2), key, value, start_pos, None, 0.0, True, scaling
     )
     return output, None
+
+
+def masked_attention(query, k_cache, v_cache, start_pos, scaling, sliding_window=None, softcap=None):
+    """Exact attention over the whole static cache with an explicit position mask.
+
+    Query ``[1, H, S, D]``, caches ``[1, L, Hkv, D]``. Key ``k`` is visible from query
+    position ``q`` when ``k <= q`` and, with a window ``W``, ``k > q - W`` (the rule
+    transformers uses). The cache keeps every position, so decoding past the window
+    stays exact; the cost is attention over ``max_seq_len`` slots on these layers.
+    """
+    _, heads, seq, dim = query.shape
+    length, kv_heads = k_cache.shape[1], k_cache.shape[2]
+    groups = heads // kv_heads
+    # Grouped-query attention without repeat_kv: fold each KV head's query group into rows.
+    q = query.contiguous().view(1, kv_heads, groups * seq, dim)
+    k = k_cache.transpose(1, 2)
+    v = v_cache.transpose(1, 2)
+    scores = torch.matmul(q, k.transpose(2, 3)) * (scaling if scaling is not None else dim**-0.5)
+    if softcap:
+        scores = torch.tanh(scores / softcap) * softcap
+    q_pos = (torch.arange(seq) + start_pos).view(seq, 1)
+    k_pos = torch.arange(length).view(1, length)
+    visible = k_pos <= q_pos
+    if sliding_window:
+        visible = visible & (k_pos > q_pos - sliding_window)
+    bias = torch.where(visible, 0.0, float("-inf")).repeat(groups, 1)
+    weights = torch.softmax(scores + bias, dim=-1)
+    output = torch.matmul(weights, v).reshape(1, heads, seq, dim)
+    return output.transpose(1, 2).contiguous()
 
 
 def register_attention() -> None:
@@ -130,8 +165,12 @@ def set_attention(model: nn.Module, name: str) -> str:
 
 @contextlib.contextmanager
 def eager_attention(model: nn.Module):
-    """Run ``model`` with stock SDPA attention, e.g. for a reference forward."""
-    previous = set_attention(model, "sdpa")
+    """Run ``model`` with transformers' reference ("eager") attention, e.g. for a reference forward.
+
+    The eager implementation is the plain math every other kernel is checked against,
+    and the only one that supports every feature (soft-capping, sliding windows).
+    """
+    previous = set_attention(model, "eager")
     try:
         yield model
     finally:
@@ -157,7 +196,8 @@ class ExportableDecoder(nn.Module):
         self.max_seq_len = max_seq_len
         spec = cache_spec(text_config, max_seq_len)
         self.cache = StaticKVCache(spec, dtype=model.dtype)
-        self.register_buffer("rotate_half_weight", rotate_half_weight(spec.head_dim), persistent=False)
+        for dim in rotary_dims(text_config, spec.head_dim):
+            self.register_buffer(f"rotate_half_weight_{dim}", rotate_half_weight(dim), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         start_pos = cache_position[0].item()
@@ -212,6 +252,19 @@ def delegable_norms(model: nn.Module):
             del module.forward
 
 
+def rotary_dims(config, head_dim: int) -> set[int]:
+    """Widths ``rotate_half`` may see: the head, or its rotary part (partial rotary)."""
+    rope = getattr(config, "rope_parameters", None) or {}
+    factors = [
+        getattr(config, "partial_rotary_factor", None),
+        rope.get("partial_rotary_factor") if isinstance(rope, dict) else None,
+        getattr(config, "rotary_pct", None),
+    ]
+    dims = {head_dim}
+    dims.update(int(head_dim * f) for f in factors if f)
+    return {d for d in dims if d > 0 and d % 2 == 0}
+
+
 def rotate_half_weight(dim: int) -> torch.Tensor:
     """``W`` with ``linear(x, W) == cat(-x[..., d/2:], x[..., :d/2])``: a signed permutation."""
     half = dim // 2
@@ -239,8 +292,11 @@ def delegable_rotary(wrapped: "ExportableDecoder"):
         return
 
     def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        weight = getattr(wrapped, f"rotate_half_weight_{x.shape[-1]}", None)
+        if weight is None:  # a rotary width we did not foresee: keep the stock code
+            return original(x)
         flat = x.contiguous().view(-1, x.shape[-1])
-        return torch.nn.functional.linear(flat, wrapped.rotate_half_weight).view(x.shape)
+        return torch.nn.functional.linear(flat, weight).view(x.shape)
 
     module.rotate_half = rotate_half
     try:
