@@ -17,21 +17,26 @@ class Family:
 
     name: str
     model_types: tuple[str, ...]
-    cache: str  # "static" or "static (window >= max_seq_len)"
+    cache: str  # "static": full-length KV cache; "+ window mask": sliding layers masked exactly
     status: str  # "verified": exported, verified and run in tests; "experimental": not yet covered
     notes: str = ""
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("Llama 2/3.x", ("llama",), "static", "verified", "tied and untied embeddings; rope scaling as in transformers"),
-    Family("SmolLM2", ("llama",), "static", "verified", "Llama architecture, tied embeddings"),
-    Family("Qwen2 / Qwen2.5", ("qwen2",), "static", "experimental", "q/k/v biases; sliding window disabled in released configs"),
-    Family("Qwen3", ("qwen3",), "static", "experimental", "QK-norm"),
-    Family("Mistral", ("mistral",), "static", "experimental", "sliding window exact while max_seq_len <= window"),
-    Family("Phi-3 / Phi-4-mini", ("phi3",), "static", "experimental", "fused qkv; partial rotary (Phi-4-mini)"),
-    Family("OLMo 2", ("olmo2",), "static", "experimental", "QK-norm over the full projection"),
-    Family("Granite", ("granite",), "static", "experimental", "embedding/residual/attention/logit multipliers"),
-    Family("SmolLM3", ("smollm3",), "static", "experimental", "NoPE layers"),
+    Family("Llama 2/3.x, SmolLM2", ("llama",), "static", "verified", "tied or untied embeddings; llama3/linear/yarn rope scaling"),
+    Family("Qwen2 / Qwen2.5", ("qwen2",), "static", "verified", "q/k/v biases; tied embeddings (small sizes)"),
+    Family("Qwen3", ("qwen3",), "static", "verified", "QK-norm; head_dim independent of hidden size"),
+    Family("Mistral", ("mistral",), "static + window mask", "verified", "sliding window exact past the window"),
+    Family("Phi-3 / Phi-4-mini", ("phi3",), "static", "verified", "fused qkv/gate-up; partial rotary; longrope only up to its original context"),
+    Family("Gemma 2", ("gemma2",), "static + window mask", "verified", "attention/final logit soft-capping; alternating sliding layers"),
+    Family("Gemma 3 (text)", ("gemma3_text",), "static + window mask", "verified", "QK-norm; sliding layers with local rope"),
+    Family("SmolLM3", ("smollm3",), "static", "verified", "NoPE layers"),
+    Family("OLMo 2", ("olmo2",), "static", "verified", "QK-norm over the full projection"),
+    Family("Granite", ("granite",), "static", "verified", "embedding/residual/attention/logit multipliers"),
+    Family("StableLM", ("stablelm",), "static", "verified", "LayerNorm; partial rotary"),
+    Family("Starcoder2", ("starcoder2",), "static + window mask", "verified", "biases; LayerNorm; GELU MLP"),
+    Family("GPT-2", ("gpt2",), "static", "verified", "learned absolute positions; Conv1D projections"),
+    Family("GPT-NeoX / Pythia", ("gpt_neox",), "static", "verified", "parallel residual; partial rotary"),
 )
 
 SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset(t for f in FAMILIES for t in f.model_types)
@@ -48,9 +53,39 @@ def family_for(model_type: str) -> Family:
     )
 
 
+# Rope types whose frequencies change at run time with the sequence length: an exported
+# graph freezes one branch, so they are exact only while every position stays within
+# the original context.
+LENGTH_DEPENDENT_ROPE = {"longrope", "dynamic"}
+
+
+def _rope_parameters(config) -> list[dict]:
+    rope = getattr(config, "rope_parameters", None) or getattr(config, "rope_scaling", None) or {}
+    if not isinstance(rope, dict):
+        return []
+    # Models with per-layer-type rope (e.g. Gemma 3) nest one dict per layer type.
+    nested = [v for v in rope.values() if isinstance(v, dict)]
+    return nested or [rope]
+
+
+def check_rope(config, max_seq_len: int) -> None:
+    """Refuse a rope that would silently change numerics in the exported graph."""
+    for rope in _rope_parameters(config):
+        kind = rope.get("rope_type") or rope.get("type") or "default"
+        original = rope.get("original_max_position_embeddings") or getattr(
+            config, "original_max_position_embeddings", None
+        )
+        if kind in LENGTH_DEPENDENT_ROPE and original and max_seq_len > original:
+            raise InputError(
+                f"{kind} rope switches its frequencies past {original} positions at run time, which an exported "
+                f"graph cannot reproduce exactly; use --max-seq-len {original} or less"
+            )
+
+
 def check_config(config, max_seq_len: int) -> Family:
     """Refuse, before any work, a config this exporter cannot export faithfully."""
     family = family_for(config.model_type)
+    check_rope(config, max_seq_len)
     return family
 
 

@@ -1,0 +1,266 @@
+"""The Space (space/app.py), served in-process against the local hub and driven over HTTP.
+
+Exports cost ~30 s of CPU each, so the module makes two: one through the API (shared by
+the API tests through the ``exported`` fixture) and one from a real headless browser.
+Everything else (failures, preview, settings) reuses those or costs milliseconds.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import socket
+import sys
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from types import ModuleType
+
+import pytest
+
+gradio_client = pytest.importorskip("gradio_client")
+from gradio_client.exceptions import AppError  # noqa: E402
+
+from hub_export.localhub.pytest_plugin import LocalHubFixture  # noqa: E402
+
+ROOT = Path(__file__).resolve().parent.parent
+CHROMIUM = Path("/usr/bin/chromium")
+CHROMIUM_ARGS = [
+    "--headless=new",
+    "--no-sandbox",
+    "--disable-gpu",
+    "--disable-quic",
+    "--no-first-run",
+    "--disable-background-networking",
+    "--disable-component-update",
+    "--disable-sync",
+]
+REPO = "alice/tiny-space-ExecuTorch"
+BROWSER_REPO = "alice/tiny-space-browser-ExecuTorch"
+
+
+def _load_space_app() -> ModuleType:
+    """``space/app.py`` as a module (the Space folder is not a package: a Space runs ``app.py``)."""
+    spec = importlib.util.spec_from_file_location("hub_export_space_app", ROOT / "space" / "app.py")
+    assert spec is not None and spec.loader is not None
+    module = importlib.util.module_from_spec(spec)
+    sys.modules[spec.name] = module  # dataclasses resolve their module by name
+    spec.loader.exec_module(module)
+    return module
+
+
+space_app = _load_space_app()
+
+
+def _free_port() -> int:
+    with socket.socket() as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+@dataclass
+class Space:
+    url: str
+    work_root: Path
+
+
+@pytest.fixture(scope="module")
+def space(local_hub: LocalHubFixture, tmp_path_factory: pytest.TempPathFactory) -> Iterator[Space]:
+    """The Space on a free port, offline-style (token field, no OAuth), HF_TOKEN fallback off."""
+    work_root = tmp_path_factory.mktemp("space-jobs")
+    settings = space_app.Settings(
+        endpoint=local_hub.endpoint,
+        auth=space_app.AuthPolicy(use_oauth=False, env_token_allowed=False, description="tests"),
+        work_root=work_root,
+    )
+    blocks = space_app.build_app(settings)
+    blocks.launch(
+        **space_app.LAUNCH_OPTIONS, prevent_thread_lock=True, server_name="127.0.0.1", server_port=_free_port(), quiet=True
+    )
+    try:
+        yield Space(blocks.local_url, work_root)
+    finally:
+        blocks.close()
+
+
+@pytest.fixture(scope="module")
+def client(space: Space):
+    return gradio_client.Client(space.url, verbose=False)
+
+
+def _export_args(source: str, token: str, repo_name: str = REPO.split("/")[1]) -> list:
+    # source, revision, variants, embedding quantization, group size, max seq len, repo, private, token
+    return [source, "", ["8da4w"], "none", 32, 64, repo_name, False, token]
+
+
+@dataclass
+class Exported:
+    final: tuple
+    updates: list[tuple]
+
+
+@pytest.fixture(scope="module")
+def exported(client, tiny_model: Path, local_hub: LocalHubFixture) -> Exported:
+    """One export job through the API: the tiny model folder, 8da4w, 64-token context."""
+    job = client.submit(*_export_args(str(tiny_model), local_hub.alice_token), api_name="/export")
+    final = job.result(timeout=600)
+    return Exported(tuple(final), [tuple(update) for update in job.outputs()])
+
+
+def _one_line(message: str) -> None:
+    assert message and "\n" not in message.strip(), message
+    assert "Traceback" not in message and 'File "' not in message, message
+
+
+# -- API --------------------------------------------------------------------------------
+
+
+def test_export_pushes_the_chosen_variant(exported: Exported, local_hub: LocalHubFixture, space: Space) -> None:
+    status, log, link, table, card = exported.final[:5]
+    assert status.startswith("**Done:**") and REPO in status, status
+    assert f"[{REPO}]({local_hub.endpoint}/{REPO})" in link
+    rows = table["data"]
+    assert [row[0] for row in rows] == ["model-8da4w.pte"]
+    row = dict(zip(table["headers"], rows[0]))
+    assert row["verified"] == "yes" and row["this job"] == "yes"
+    assert float(row["decode tok/s"]) > 0
+    assert "for ExecuTorch" in card and "```yaml" in card  # rendered card, front matter as a block
+
+    files = set(local_hub.api(local_hub.alice_token).list_repo_files(REPO))
+    assert {"model-8da4w.pte", "manifest.json", "README.md", "tokenizer.json"} <= files
+    assert "model-fp32.pte" not in files and "model-8da8w.pte" not in files
+    assert not list(space.work_root.iterdir()), "job folders must be removed"
+
+
+def test_export_streams_stages_and_never_shows_the_token(exported: Exported, local_hub: LocalHubFixture) -> None:
+    statuses = [update[0] for update in exported.updates]
+    assert len(exported.updates) >= 5, statuses  # stages arrive live, not only at the end
+    running = [status for status in statuses if status.startswith("**Running:**")]
+    assert any("lowering" in status and "▰" in status for status in running), statuses
+    log = exported.final[1]
+    for stage in ("resolving", "quantizing", "lowering", "verifying", "uploading"):
+        assert stage in log, log
+    everything = repr(exported.updates) + repr(exported.final)
+    assert local_hub.alice_token not in everything
+
+
+def test_bad_model_id_is_one_line_and_the_next_job_works(
+    client, exported: Exported, local_hub: LocalHubFixture, space: Space
+) -> None:
+    with pytest.raises(AppError) as failure:
+        client.predict(*_export_args("nobody/no-such-model", local_hub.alice_token, ""), api_name="/export")
+    message = str(failure.value)
+    _one_line(message)
+    assert "nobody/no-such-model" in message and "not found" in message, message
+    assert local_hub.alice_token not in message
+
+    text, stats = client.predict(REPO, "model-8da4w.pte", "Once upon a time", 8, False, "", api_name="/preview")
+    assert stats.startswith("**Done:**") and "tok/s" in stats, stats
+    assert not list(space.work_root.iterdir())
+
+
+def test_export_without_a_token_asks_to_sign_in(client, tiny_model: Path) -> None:
+    with pytest.raises(AppError) as failure:
+        client.predict(*_export_args(str(tiny_model), ""), api_name="/export")
+    _one_line(str(failure.value))
+    assert "paste a Hugging Face write token" in str(failure.value)
+
+
+def test_preview_streams_text_with_speed(client, exported: Exported, local_hub: LocalHubFixture) -> None:
+    job = client.submit(REPO, "8da4w", "Once upon a time", 24, False, local_hub.alice_token, api_name="/preview")
+    text, stats = job.result(timeout=300)
+    updates = job.outputs()
+    assert len(updates) >= 2 and updates[0][1].startswith("**Running:**"), updates
+    assert "prefill" in stats and "decode" in stats and "tok/s" in stats, stats
+    assert isinstance(text, str)
+
+
+def test_preview_of_a_missing_repo_is_one_line(client) -> None:
+    with pytest.raises(AppError) as failure:
+        client.predict("alice/not-there", "", "Hi", 4, False, "", api_name="/preview")
+    _one_line(str(failure.value))
+    assert "alice/not-there" in str(failure.value)
+
+
+# -- settings ---------------------------------------------------------------------------
+
+
+def test_oauth_space_never_uses_the_space_token() -> None:
+    env = {"SPACE_ID": "hub-export/converter", "OAUTH_CLIENT_ID": "x", "HF_TOKEN": "hf_" + "s" * 34}
+    settings = space_app.settings_from_env(env)
+    assert settings.auth.use_oauth and not settings.auth.env_token_allowed
+    assert settings.env_token is None and not settings.allow_local_sources
+    jobs = space_app.Jobs(settings)
+    with pytest.raises(space_app.HubError, match="sign in with Hugging Face"):
+        jobs.user_token(None, "", required=True)
+    with pytest.raises(space_app.InputError, match="not a Hub model id"):
+        jobs.export_request("/etc", "", ["8da4w"], "none", 32, None, "", False)
+    # (Building the OAuth page needs gradio[oauth] and a real Space: Gradio attaches its routes then.)
+
+
+def test_token_precedence_and_env_settings() -> None:
+    env = {"HF_TOKEN": "hf_" + "e" * 34, "HUB_EXPORT_SPACE_CONCURRENCY": "2", "HUB_EXPORT_SPACE_QUEUE": "3"}
+    settings = space_app.settings_from_env(env)  # off a Space: offline mode, HF_TOKEN allowed
+    jobs = space_app.Jobs(settings)
+    oauth = space_app.gr.OAuthToken(token="hf_" + "o" * 34, scope="", expires_at=0)
+    assert jobs.user_token(oauth, "hf_typed_token_1234", required=True) == oauth.token
+    assert jobs.user_token(None, " hf_typed_token_1234 ", required=True) == "hf_typed_token_1234"
+    assert jobs.user_token(None, "", required=True) == env["HF_TOKEN"]
+    on_space = space_app.settings_from_env({**env, "SPACE_ID": "a/b"})  # a Space without OAuth: pasted only
+    assert on_space.env_token is None
+    assert settings.concurrency == 2 and settings.queue_size == 3
+    assert space_app.build_app(settings)._queue.max_size == 3
+    with pytest.raises(SystemExit, match="HUB_EXPORT_SPACE_QUEUE"):
+        space_app.settings_from_env({"HUB_EXPORT_SPACE_QUEUE": "0"})
+
+
+def test_redaction_and_wording() -> None:
+    redact = space_app.Redactor("secret-token-value")
+    line = redact("token secret-token-value and hf_abcdefghijklmnopqrstuvwxyz12 leaked")
+    assert line == "token *** and hf_*** leaked"
+    assert space_app.space_wording("--max-seq-len 5000 is above the model's limit") == (
+        "'Max sequence length' 5000 is above the model's limit"
+    )
+
+
+# -- browser ----------------------------------------------------------------------------
+
+
+@pytest.fixture
+def artifacts() -> Path:
+    folder = ROOT / "test-artifacts"
+    folder.mkdir(exist_ok=True)
+    return folder
+
+
+def test_browser_export_shows_the_repo_link(
+    space: Space, tiny_model: Path, local_hub: LocalHubFixture, artifacts: Path
+) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is missing: install Debian's chromium package to run the browser test")
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.goto(space.url)
+            page.get_by_label("Source model").fill(str(tiny_model))
+            repo_field = page.get_by_label("Target repo")
+            expect(repo_field).to_have_value("tiny-llama-ExecuTorch")  # prefilled from the source
+            repo_field.fill(BROWSER_REPO.split("/")[1])
+            page.get_by_label("Hugging Face token").fill(local_hub.alice_token)
+            expect(page.get_by_label("8da4w", exact=False)).to_be_checked()  # the default variant
+            page.get_by_label("Max sequence length").fill("64")
+            page.get_by_role("button", name="Export & push").click()
+
+            link = page.locator("#export-link a", has_text=BROWSER_REPO)
+            expect(link).to_be_visible(timeout=300_000)
+            expect(page.locator("#export-status")).to_contain_text("pushed")
+            page.screenshot(path=str(artifacts / "space-export.png"), full_page=True)
+            assert local_hub.alice_token not in page.content()
+
+            page.get_by_role("tab", name="Preview").click()  # prefilled with the repo just pushed
+            expect(page.get_by_label("Repo", exact=True)).to_have_value(BROWSER_REPO)
+        finally:
+            browser.close()
+    assert "model-8da4w.pte" in local_hub.api(local_hub.alice_token).list_repo_files(BROWSER_REPO)
