@@ -166,7 +166,7 @@ def test_local_source_has_no_base_model_and_no_absolute_path(tmp_path: Path) -> 
 def test_sliding_window_and_unverified_variants_are_stated() -> None:
     manifest = _manifest(variants=[_variant("8da4w", verified=False)])
     card = render_card(manifest, config={"model_type": "mistral", "sliding_window": 4096})
-    assert "window 4096 tokens" in card
+    assert "window 4096 tokens" in card and "matches transformers token for token" in card
     assert "not verified" in card
     assert "Every file was checked" not in card
 
