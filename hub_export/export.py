@@ -113,6 +113,17 @@ def weight_sharing_copy(model: "torch.nn.Module") -> "torch.nn.Module":
     return copy.deepcopy(model, memo)
 
 
+def detach_from(model: "torch.nn.Module", original: "torch.nn.Module") -> None:
+    """Give ``model`` its own copy of every parameter it still shares with ``original``."""
+    import torch
+
+    shared = {id(p) for p in original.parameters()}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and id(param) in shared:
+                module._parameters[name] = torch.nn.Parameter(param.detach().clone(), requires_grad=False)
+
+
 def release_memory() -> None:
     """Collect garbage and hand freed heap back to the OS (keeps peak RSS down)."""
     gc.collect()
@@ -134,7 +145,7 @@ def _kind(qmode: str) -> str:
 class _Run:
     """State shared by the variants of one export run."""
 
-    model: "torch.nn.Module"
+    model: "torch.nn.Module | None"
     src: source_stage.Source
     options: ExportOptions
     max_seq_len: int
@@ -144,7 +155,7 @@ class _Run:
     variants: list[Variant] = field(default_factory=list)
 
 
-def _export_variant(run: _Run, qmode: str) -> Variant:
+def _export_variant(run: _Run, qmode: str, last: bool = False) -> Variant:
     from .lower import is_dynamic, runner_metadata, to_pte
     from .verify import verify
     from .wrap import ExportableDecoder, export_program
@@ -155,6 +166,12 @@ def _export_variant(run: _Run, qmode: str) -> Variant:
     run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})")
     model = weight_sharing_copy(run.model)
     fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size)
+    if last:
+        # No later variant needs the fp32 weights: free them before lowering. The
+        # few still shared (norms) are copied first, since they keep the memory map of
+        # the whole checkpoint alive.
+        detach_from(model, run.model)
+        run.model = None
     release_memory()
     run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})")
     program = export_program(ExportableDecoder(model, run.max_seq_len))
@@ -286,12 +303,14 @@ def export(
 
             say("computing the fp32 eager reference")
             reference = build_reference(model, src.path / "tokenizer.json", seq_len)
+        source_record = _source_record(src, model)
         run = _Run(model, src, options, seq_len, workdir, reference, say)
-        for qmode in options.qmodes:
-            run.variants.append(_export_variant(run, qmode))
+        del model  # the run owns it now, and drops it once the last variant no longer needs it
+        for index, qmode in enumerate(options.qmodes):
+            run.variants.append(_export_variant(run, qmode, last=index == len(options.qmodes) - 1))
         _copy_source_files(src, workdir)
         manifest = Manifest(
-            source=_source_record(src, model),
+            source=source_record,
             versions=package_versions(),
             variants=run.variants,
             command=command or _default_command(src.name, options, revision),

@@ -128,6 +128,7 @@ def verify(
     try:
         pte = PteModel(pte_path)
         actual = _pte_logits(pte, reference.tokens, reference.prompt_len)
+        del pte  # the runner below loads its own copy of the program
     except Exception as error:  # a corrupt file fails in many ways; all mean "broken"
         return failed(f"runtime error: {str(error).splitlines()[0][:200]}")
     if not torch.isfinite(actual).all():

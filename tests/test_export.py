@@ -153,9 +153,9 @@ def test_verification_fails_on_a_corrupted_pte(exported_multi, tiny_model, tmp_p
 
 
 def test_failed_verification_fails_the_command_and_leaves_nothing(tiny_model, tmp_path, capsys, monkeypatch):
-    import hub_export.export as export_module
+    import hub_export.lower as lower_module
 
-    real_to_pte = export_module.to_pte
+    real_to_pte = lower_module.to_pte
 
     def corrupting_to_pte(program, metadata, path):
         size = real_to_pte(program, metadata, path)
@@ -164,7 +164,7 @@ def test_failed_verification_fails_the_command_and_leaves_nothing(tiny_model, tm
         path.write_bytes(bytes(data))
         return size
 
-    monkeypatch.setattr(export_module, "to_pte", corrupting_to_pte)
+    monkeypatch.setattr(lower_module, "to_pte", corrupting_to_pte)
     out = tmp_path / "out"
     code, _, err = run_cli(["export", str(tiny_model), "-o", str(out), "-q", "fp32", "--max-seq-len", "32"], capsys)
     assert code == 4
