@@ -125,7 +125,7 @@ def eager_speed(model_dir: Path, prompt: str) -> dict:
 def export_variants(model_dir: Path, out: Path, qmodes: list[str], qembedding: str | None, max_seq_len: int) -> dict:
     """Run the export in a child process so its peak RSS is measured alone."""
     cmd = [sys.executable, "-m", "hub_export.cli", "export", str(model_dir), "-o", str(out), "--overwrite",
-           "--max-seq-len", str(max_seq_len), "--no-verify"]
+           "--max-seq-len", str(max_seq_len)]
     for mode in qmodes:
         cmd += ["--qmode", mode]
     if qembedding:
@@ -177,6 +177,9 @@ def main() -> None:
                 "size_mb": round(variant.size_bytes / 1e6, 2),
                 "implied_size_mb": round(implied / 1e6, 2),
                 "size_vs_implied": round(variant.size_bytes / implied, 4),
+                "verified": variant.verification.get("passed"),
+                "runtime_vs_eager_rel_l2": variant.verification.get("relative_l2"),
+                "quant_vs_fp32_rel_l2": variant.verification.get("quant_relative_l2_vs_fp32"),
                 **{f"runner_{k}": v for k, v in speed.items()},
                 "decode_vs_eager": round(speed["decode_tokens_per_s"] / eager["decode_tokens_per_s"], 2),
                 "prefill_vs_eager": round(speed["prefill_tokens_per_s"] / eager["prefill_tokens_per_s"], 2),
@@ -212,14 +215,15 @@ def markdown(result: dict) -> str:
         f"Eager fp32 transformers: prefill {result['eager_fp32']['prefill_tokens_per_s']} tok/s, "
         f"decode {result['eager_fp32']['decode_tokens_per_s']} tok/s.",
         "",
-        "| variant | export s | size MB | implied MB | size/implied | prefill tok/s | decode tok/s | decode vs eager |",
-        "|---|---|---|---|---|---|---|---|",
+        "| variant | export s | size MB | implied MB | size/implied | prefill tok/s | decode tok/s | decode vs eager "
+        "| runtime vs eager (rel. L2) | quantization vs fp32 (rel. L2) |",
+        "|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["variants"]:
         lines.append(
             f"| {r['variant']} | {r['export_seconds']} | {r['size_mb']} | {r['implied_size_mb']} | "
             f"{r['size_vs_implied']} | {r['runner_prefill_tokens_per_s']} | {r['runner_decode_tokens_per_s']} | "
-            f"{r['decode_vs_eager']}x |"
+            f"{r['decode_vs_eager']}x | {r['runtime_vs_eager_rel_l2']} | {r['quant_vs_fp32_rel_l2']} |"
         )
     return "\n".join(lines) + "\n"
 

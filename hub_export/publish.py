@@ -452,10 +452,12 @@ def push(
     source_card: str | Path | None = None,
     token: str | None = None,
     endpoint: str | None = None,
+    cache_dir: str | Path | None = None,
     progress: Progress | None = None,
 ) -> PushResult:
     """Export ``source`` (or take the export in ``from_dir``) and publish it in one commit.
 
+    ``cache_dir`` is where a Hub source is downloaded (default: the Hugging Face cache).
     ``revision`` is the *source* revision to export; ``branch`` is the target branch
     (created from main when missing). ``repo_id`` defaults to
     ``{your user}/{source name}-ExecuTorch``. An existing repo keeps its other variants;
@@ -506,6 +508,7 @@ def push(
                 revision=revision,
                 trust_remote_code=trust_remote_code,
                 allow_pickle=allow_pickle,
+                cache_dir=cache_dir,
             )
             local = _export_into(source, folder, export_options, token, endpoint, say)
         assert local is not None

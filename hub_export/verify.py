@@ -44,6 +44,7 @@ class Verification:
     tolerance: float
     top1_agreement: float
     quant_max_abs_diff_vs_fp32: float
+    quant_relative_l2_vs_fp32: float
     quant_top1_vs_fp32: float
     runner_generated_tokens: int
     runner_prefill_tokens_per_s: float | None
@@ -91,6 +92,11 @@ def _pte_logits(pte: PteModel, tokens: torch.Tensor, prompt_len: int) -> torch.T
     return torch.stack(rows).float()
 
 
+def _relative_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Worst position's ``||actual - expected|| / ||expected||``."""
+    return ((actual - expected).norm(dim=-1) / expected.norm(dim=-1).clamp_min(1e-12)).max().item()
+
+
 def _top1(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.argmax(-1) == b.argmax(-1)).float().mean().item()
 
@@ -117,12 +123,13 @@ def verify(
     eager = _eager_logits(quantized_model, reference.tokens, reference.prompt_len)
     scale = eager.abs().max().item()
     quant_diff = (eager - reference.fp32_logits).abs().max().item()
+    quant_rel = _relative_l2(eager, reference.fp32_logits)
     tolerance = ABSOLUTE_TOLERANCE + max(RELATIVE_TOLERANCE[kind] * scale, QUANT_ERROR_SHARE[kind] * quant_diff)
     quant_top1 = _top1(eager, reference.fp32_logits)
 
     def failed(reason: str, diff: float = float("nan"), top1: float = 0.0, rel: float = float("nan")) -> Verification:
         return Verification(
-            False, eager.shape[0], diff, rel, tolerance, top1, quant_diff, quant_top1, 0, None, None, reason
+            False, eager.shape[0], diff, rel, tolerance, top1, quant_diff, quant_rel, quant_top1, 0, None, None, reason
         )
 
     try:
@@ -134,7 +141,7 @@ def verify(
     if not torch.isfinite(actual).all():
         return failed("the runtime produced non-finite logits")
     diff = (actual - eager).abs().max().item()
-    rel = ((actual - eager).norm(dim=-1) / eager.norm(dim=-1).clamp_min(1e-12)).max().item()
+    rel = _relative_l2(actual, eager)
     top1 = _top1(actual, eager)
     if diff > tolerance:
         return failed(f"max abs logit diff {diff:.3g} exceeds tolerance {tolerance:.3g}", diff, top1, rel)
@@ -156,6 +163,7 @@ def verify(
         tolerance,
         top1,
         quant_diff,
+        quant_rel,
         quant_top1,
         generated,
         stats.get("prefill_token_per_sec"),

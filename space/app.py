@@ -616,6 +616,7 @@ class Jobs:
             trust_remote_code=False,  # never: a Space must not run code from the models it converts
             private=request.private,
             output_dir=folder / "export",
+            cache_dir=folder / "downloads",  # removed with the job folder: the Space's disk does not grow
             token=token,
             endpoint=self.settings.endpoint,
             progress=lambda message: emit(("stage", message)),
