@@ -7,30 +7,16 @@ set -euo pipefail
 DEMO_DIR="${DEMO_DIR:-.demo}"
 HUB_ROOT="$DEMO_DIR/hub"
 PORT="${HUB_EXPORT_DEMO_PORT:-$(python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])')}"
+source "$(dirname "$0")/local_hub.sh"
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 
 rm -rf "$DEMO_DIR"
 mkdir -p "$DEMO_DIR"
 
 step "Starting the local Hub on 127.0.0.1:$PORT (root: $HUB_ROOT)"
-hub-export hub serve --root "$HUB_ROOT" --port "$PORT" > "$DEMO_DIR/hub.log" 2>&1 &
-HUB_PID=$!
+start_local_hub "$HUB_ROOT" "$PORT" "$DEMO_DIR/hub.log"
 trap 'kill $HUB_PID 2>/dev/null || true' EXIT
-export HF_ENDPOINT="http://127.0.0.1:$PORT"
-# The local Hub speaks the classic LFS protocol; the real Hub does not need this.
-export HF_HUB_DISABLE_XET=1
 export HF_HOME="$DEMO_DIR/hf-home"
-python - "$HF_ENDPOINT" <<'EOF'
-import sys, time, urllib.error, urllib.request
-for _ in range(100):
-    try:
-        urllib.request.urlopen(sys.argv[1] + "/api/models/demo/none")
-    except urllib.error.HTTPError:
-        sys.exit(0)  # any HTTP answer means the server is up
-    except OSError:
-        time.sleep(0.2)
-sys.exit("the local Hub did not start; see .demo/hub.log")
-EOF
 
 step "Creating the demo user (the token is printed alone on the last line)"
 export HF_TOKEN="$(hub-export hub add-user demo --root "$HUB_ROOT" | tail -n 1)"

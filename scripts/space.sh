@@ -10,6 +10,7 @@
 set -euo pipefail
 cd "$(dirname "$0")/.."
 
+source scripts/local_hub.sh
 step() { printf '\n\033[1m==> %s\033[0m\n' "$*"; }
 free_port() { python -c 'import socket; s=socket.socket(); s.bind(("127.0.0.1", 0)); print(s.getsockname()[1])'; }
 
@@ -45,25 +46,11 @@ serve() {
     mkdir -p "$demo"
 
     step "Starting the local Hub on 127.0.0.1:$hub_port (root: $hub_root, log: $demo/space-hub.log)"
-    hub-export hub serve --root "$hub_root" --port "$hub_port" > "$demo/space-hub.log" 2>&1 &
-    HUB_PID=$!
     APP_PID=""
     trap stop_all EXIT
     trap 'exit 130' INT TERM  # run the EXIT trap on Ctrl+C or kill, too
-    export HF_ENDPOINT="http://127.0.0.1:$hub_port"
-    export HF_HUB_DISABLE_XET=1  # the local Hub speaks LFS, not Xet
     export HF_HOME="$demo/hf-home"  # keep the local Hub's files out of the real cache
-    python - "$HF_ENDPOINT" "$demo/space-hub.log" <<'EOF'
-import sys, time, urllib.error, urllib.request
-for _ in range(100):
-    try:
-        urllib.request.urlopen(sys.argv[1] + "/api/models/demo/none")
-    except urllib.error.HTTPError:
-        sys.exit(0)  # any HTTP answer means the server is up
-    except OSError:
-        time.sleep(0.2)
-sys.exit(f"the local Hub did not start; see {sys.argv[2]}")
-EOF
+    start_local_hub "$hub_root" "$hub_port" "$demo/space-hub.log"
 
     step "Creating the user 'demo' (its token is the server's HF_TOKEN: offline mode only)"
     HF_TOKEN="$(hub-export hub add-user demo --root "$hub_root" | tail -n 1)"
