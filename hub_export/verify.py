@@ -61,7 +61,9 @@ class Reference:
 
     prompt_len: int
     tokens: torch.Tensor  # [1, prompt_len + DECODE_STEPS]
-    fp32_logits: torch.Tensor  # [positions, vocab], positions = DECODE_STEPS + 1
+    fp32_logits: torch.Tensor  # [positions, vocab], positions = decode steps + 1
+    runner_prompt: str = VERIFY_PROMPT
+    runner_new_tokens: int = RUNNER_NEW_TOKENS
 
 
 def _eager_logits(model, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
@@ -74,15 +76,29 @@ def build_reference(model, tokenizer_json: Path, max_seq_len: int) -> Reference:
     """Tokenize the fixed prompt, extend it greedily with fp32 eager, keep the logits."""
     from tokenizers import Tokenizer
 
-    ids = Tokenizer.from_file(str(tokenizer_json)).encode(VERIFY_PROMPT).ids
-    room = max(1, max_seq_len - DECODE_STEPS - 1)
-    ids = ids[: min(len(ids), room, 32)] or [0]
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    ids = tokenizer.encode(VERIFY_PROMPT).ids
+    # Everything must fit the cache: prompt + decode steps <= max_seq_len.
+    ids = ids[: min(len(ids), max(1, max_seq_len - DECODE_STEPS), 32)] or [0]
+    steps = min(DECODE_STEPS, max_seq_len - len(ids))
     tokens = torch.tensor([ids], dtype=torch.long)
     with torch.no_grad(), eager_attention(model):
-        for _ in range(DECODE_STEPS):
+        for _ in range(steps):
             next_id = model(input_ids=tokens).logits[0, -1].argmax()
             tokens = torch.cat([tokens, next_id.view(1, 1)], dim=1)
-    return Reference(len(ids), tokens, _eager_logits(model, tokens, len(ids)))
+    runner_prompt = _fitting_prompt(tokenizer, max_seq_len)
+    runner_new_tokens = max(1, min(RUNNER_NEW_TOKENS, max_seq_len - len(tokenizer.encode(runner_prompt).ids)))
+    return Reference(len(ids), tokens, _eager_logits(model, tokens, len(ids)), runner_prompt, runner_new_tokens)
+
+
+def _fitting_prompt(tokenizer, max_seq_len: int) -> str:
+    """The longest word prefix of the prompt that leaves the runner room to generate."""
+    words = VERIFY_PROMPT.split()
+    for count in range(len(words), 0, -1):
+        text = " ".join(words[:count])
+        if len(tokenizer.encode(text).ids) < max_seq_len:
+            return text
+    return words[0]
 
 
 def _pte_logits(pte: PteModel, tokens: torch.Tensor, prompt_len: int) -> torch.Tensor:
@@ -149,7 +165,7 @@ def verify(
         return failed(f"top-1 token differs from eager at some position (agreement {top1:.0%})", diff, top1, rel)
 
     try:
-        stats = runner_generate(pte_path, tokenizer_json, VERIFY_PROMPT, RUNNER_NEW_TOKENS)
+        stats = runner_generate(pte_path, tokenizer_json, reference.runner_prompt, reference.runner_new_tokens)
     except Exception as error:
         return failed(f"TextLLMRunner failed: {str(error).splitlines()[0][:200]}", diff, top1, rel)
     generated = int(stats.get("generated_tokens", 0))

@@ -82,6 +82,17 @@ def test_pte_prefills_in_parallel_and_matches_token_by_token(exported_multi, tin
     assert torch.allclose(parallel, sequential, atol=1e-4)
 
 
+def test_static_graph_is_not_marked_dynamic(tiny_model, tmp_path):
+    """A cache of 2 leaves room for one-token prefill only: the graph is static, and says so."""
+    from hub_export.export import export
+
+    manifest = export(str(tiny_model), tmp_path / "out", qmodes=["fp32"], max_seq_len=2)
+    variant = manifest.variants[0]
+    assert variant.metadata["enable_dynamic_shape"] is False
+    assert variant.metadata["get_max_seq_len"] == 2
+    assert variant.verification["passed"]
+
+
 # --- generation --------------------------------------------------------------------------
 
 
