@@ -311,10 +311,12 @@ def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
     Strict export: non-strict breaks ``run_decompositions`` inside ExecuTorch's lowering.
     """
     max_prefill = wrapped.max_seq_len - 1
-    seq = torch.export.Dim("seq", min=1, max=max_prefill)
     example_len = min(2, max_prefill)
     example = (torch.zeros((1, example_len), dtype=torch.long), torch.arange(example_len))
-    dynamic = ({1: seq}, {0: seq}) if max_prefill > 1 else None
+    dynamic = None
+    if max_prefill > 1:  # a one-token prefill is a static graph
+        seq = torch.export.Dim("seq", min=1, max=max_prefill)
+        dynamic = ({1: seq}, {0: seq})
     with torch.no_grad(), delegable_norms(wrapped.model), delegable_rotary(wrapped):
         program = torch.export.export(wrapped, example, dynamic_shapes=dynamic, strict=True)
     wrapped.cache.reset()

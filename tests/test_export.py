@@ -90,7 +90,7 @@ def test_static_graph_is_not_marked_dynamic(tiny_model, tmp_path):
     variant = manifest.variants[0]
     assert variant.metadata["enable_dynamic_shape"] is False
     assert variant.metadata["get_max_seq_len"] == 2
-    assert variant.verification["passed"]
+    assert variant.verification["passed"] and variant.verification["max_abs_diff"] < 1e-3
 
 
 # --- generation --------------------------------------------------------------------------
