@@ -16,7 +16,7 @@ import tempfile
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Callable, Sequence
+from typing import TYPE_CHECKING, Callable, Sequence
 
 from . import archs, quantize, source as source_stage
 from .errors import InputError, VerificationError
@@ -24,6 +24,10 @@ from .manifest import Manifest, Variant, machine_description, package_versions, 
 
 # torch, executorch and the stage modules that need them are imported where used, so
 # that `import hub_export` and `hub-export --help` stay fast.
+if TYPE_CHECKING:
+    import torch
+
+    from .verify import Reference
 
 log = logging.getLogger(__name__)
 
