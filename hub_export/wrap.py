@@ -5,7 +5,8 @@ The wrapped module has the signature the ExecuTorch LLM runner calls,
 attention and cache writes through ExecuTorch's fused custom ops
 (``llama::custom_sdpa`` and ``llama::update_cache``), which keep the cache in
 ``[batch, seq, heads, head_dim]`` layout and do causal masking from ``start_pos``
-inside the kernel: no mask tensor, no cache transposes, no GQA ``repeat_kv``.
+inside the kernel: no mask tensor, no whole-cache copies or transposes, no GQA
+``repeat_kv``.
 
 Only the last position's logits are returned: the runner samples from the last row
 anyway, and skipping the vocabulary projection for every other prompt token makes
@@ -201,7 +202,7 @@ class ExportableDecoder(nn.Module):
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         start_pos = cache_position[0].item()
-        torch._check_is_size(start_pos)
+        torch._check(start_pos >= 0)
         torch._check(start_pos < self.max_seq_len)
         with _start_pos(start_pos):
             out = self.model(
