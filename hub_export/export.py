@@ -117,6 +117,14 @@ def weight_sharing_copy(model: "torch.nn.Module") -> "torch.nn.Module":
     return copy.deepcopy(model, memo)
 
 
+def shared_fraction(model: "torch.nn.Module", original: "torch.nn.Module") -> float:
+    """Share of ``original``'s parameter bytes that ``model`` still uses."""
+    ours = {id(p) for p in model.parameters()}
+    sizes = [(p.numel() * p.element_size(), id(p) in ours) for p in original.parameters()]
+    total = sum(size for size, _ in sizes) or 1
+    return sum(size for size, shared in sizes if shared) / total
+
+
 def detach_from(model: "torch.nn.Module", original: "torch.nn.Module") -> None:
     """Give ``model`` its own copy of every parameter it still shares with ``original``."""
     import torch
@@ -170,10 +178,11 @@ def _export_variant(run: _Run, qmode: str, last: bool = False) -> Variant:
     run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})")
     model = weight_sharing_copy(run.model)
     fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size)
-    if last:
+    if last and shared_fraction(model, run.model) < 0.1:
         # No later variant needs the fp32 weights: free them before lowering. The
         # few still shared (norms) are copied first, since they keep the memory map of
-        # the whole checkpoint alive.
+        # the whole checkpoint alive. (An fp32 variant shares nearly everything: there
+        # a copy would only add memory.)
         detach_from(model, run.model)
         run.model = None
     release_memory()
