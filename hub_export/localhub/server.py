@@ -464,16 +464,19 @@ def list_refs(request: Request, kind: str, ns: str, name: str, include_prs: bool
 # -- branches and tags ------------------------------------------------------------
 
 
-@router.post("/api/{kind}/{ns}/{name}/branch/{branch:path}")
-async def create_branch(request: Request, kind: str, ns: str, name: str, branch: str) -> dict[str, Any]:
-    body = await _json(request)
-
+async def _create_ref(request: Request, kind: str, ns: str, name: str, ref: str, starting_point: str) -> dict[str, Any]:
     def create() -> None:
         repo = _open(request, kind, ns, name, write=True)
-        _store(request).create_ref(repo, f"refs/heads/{branch}", body.get("startingPoint") or "main")
+        _store(request).create_ref(repo, ref, starting_point)
 
     await run_in_threadpool(create)
     return {}
+
+
+@router.post("/api/{kind}/{ns}/{name}/branch/{branch:path}")
+async def create_branch(request: Request, kind: str, ns: str, name: str, branch: str) -> dict[str, Any]:
+    body = await _json(request)
+    return await _create_ref(request, kind, ns, name, f"refs/heads/{branch}", body.get("startingPoint") or "main")
 
 
 @router.delete("/api/{kind}/{ns}/{name}/branch/{branch:path}")
@@ -485,13 +488,7 @@ def delete_branch(request: Request, kind: str, ns: str, name: str, branch: str) 
 @router.post("/api/{kind}/{ns}/{name}/tag/{rev:path}")
 async def create_tag(request: Request, kind: str, ns: str, name: str, rev: str) -> dict[str, Any]:
     body = await _json(request)
-
-    def create() -> None:
-        repo = _open(request, kind, ns, name, write=True)
-        _store(request).create_ref(repo, f"refs/tags/{body.get('tag', '')}", rev)
-
-    await run_in_threadpool(create)
-    return {}
+    return await _create_ref(request, kind, ns, name, f"refs/tags/{body.get('tag', '')}", rev)
 
 
 @router.delete("/api/{kind}/{ns}/{name}/tag/{tag:path}")
