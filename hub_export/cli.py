@@ -16,6 +16,7 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
+from .card import human_size
 from .errors import HubExportError
 
 app = typer.Typer(
@@ -60,20 +61,12 @@ def _stages(title: str):
         yield say
 
 
-def _human_size(size: int) -> str:
-    for unit in ("B", "KB", "MB", "GB"):
-        if size < 1000 or unit == "GB":
-            return f"{size:.1f} {unit}" if unit != "B" else f"{size} B"
-        size /= 1000
-    return f"{size} B"
-
-
 def variants_table(manifest) -> Table:
     table = Table(title=f"{manifest.source.get('id')}  ->  ExecuTorch")
     for column in ("variant", "size", "verification", "time"):
         table.add_column(column, justify="left" if column in ("variant", "verification") else "right")
     for v in manifest.variants:
-        table.add_row(v.file, _human_size(v.size_bytes), verification_summary(v.verification), f"{v.export_seconds:.0f} s")
+        table.add_row(v.file, human_size(v.size_bytes), verification_summary(v.verification), f"{v.export_seconds:.0f} s")
     return table
 
 
@@ -222,7 +215,7 @@ def _files_table(result) -> Table:
     for column in ("file", "size", "status"):
         table.add_column(column, justify="right" if column == "size" else "left")
     for path, size in result.sizes.items():
-        table.add_row(path, _human_size(size), "unchanged" if path in result.unchanged else "upload")
+        table.add_row(path, human_size(size), "unchanged" if path in result.unchanged else "upload")
     return table
 
 
@@ -326,7 +319,7 @@ def ls_command(
         table.add_row(
             v.file,
             v.qmode + (f"+emb{v.qembedding}" if v.qembedding else ""),
-            _human_size(v.size_bytes),
+            human_size(v.size_bytes),
             str(v.max_seq_len),
             verified,
             f"{speed:.0f}" if speed else "-",

@@ -22,7 +22,7 @@ from typing import Any, Callable, Iterator, Sequence
 from . import card as card_module
 from .errors import HubError, HubExportError, InputError, VerificationError
 from .manifest import MANIFEST_NAME, Manifest, Variant, sha256_file
-from .source import CONFIG_FILES, TOKENIZER_FILES
+from .source import CONFIG_FILES, TOKENIZER_FILES, network_errors
 
 log = logging.getLogger(__name__)
 
@@ -122,17 +122,6 @@ def default_repo_name(source_name: str) -> str:
 # -- errors -------------------------------------------------------------------------
 
 
-def _transport_errors() -> tuple[type[BaseException], ...]:
-    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for name in ("httpx2", "httpx"):  # huggingface_hub 2.x talks through httpx2
-        try:
-            module = __import__(name)
-        except ImportError:
-            continue
-        errors.append(module.TransportError)
-    return tuple(errors)
-
-
 def _redact(text: str, token: str | None) -> str:
     return text.replace(token, "***") if token else text
 
@@ -201,7 +190,7 @@ def hub_errors(repo_id: str, endpoint: str, action: str = "access", token: str |
         raise type(failure)(_redact(str(failure), token)) from None
     except HFValidationError as error:
         raise InputError(_redact(str(error).splitlines()[0], token)) from None
-    except _transport_errors() as error:
+    except network_errors() as error:
         raise HubError(
             f"cannot reach {endpoint} ({type(error).__name__}); check the network or --endpoint/HF_ENDPOINT"
         ) from None
@@ -276,10 +265,6 @@ def _remote_state(api, repo_id: str, branch: str | None, endpoint: str) -> _Remo
     return _Remote(True, branch_exists, head, files, manifest, getattr(info, "private", None))
 
 
-def _git_blob_id(data: bytes) -> str:
-    return hashlib.sha1(b"blob %d\0" % len(data) + data).hexdigest()
-
-
 def _is_unchanged(content: Path | bytes, remote_file) -> bool:
     """Whether ``content`` equals the remote file: sha256 for LFS files, git blob id otherwise."""
     if remote_file is None:
@@ -295,7 +280,9 @@ def _is_unchanged(content: Path | bytes, remote_file) -> bool:
         return False
     if remote_file.lfs is not None:
         return remote_file.lfs.sha256 == hashlib.sha256(content).hexdigest()
-    return remote_file.blob_id == _git_blob_id(content)
+    from huggingface_hub.utils.sha import git_hash  # the client's own formula for what it compares
+
+    return remote_file.blob_id == git_hash(content)
 
 
 # -- the local export -----------------------------------------------------------------

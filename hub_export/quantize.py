@@ -152,9 +152,7 @@ def quantize_embeddings(model: "nn.Module", qembedding: str | None) -> None:
         return
     from torchao.quantization import quantize_
 
-    bits = QEMBEDDINGS[qembedding]
-    _, config_cls, PerAxis, _ = _torchao()
-    config = config_cls(weight_dtype=_dtype(bits), granularity=PerAxis(0))
+    config = _weight_only(QEMBEDDINGS[qembedding])(_granularity(False, DEFAULT_GROUP_SIZE))
     quantize_(model, config, filter_fn=lambda module, fqn: _is_embedding(module))
 
 

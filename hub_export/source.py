@@ -51,9 +51,9 @@ def _matches(name: str, patterns: list[str]) -> bool:
     return any(fnmatch(name, pattern) for pattern in patterns)
 
 
-def _network_errors() -> tuple[type[BaseException], ...]:
-    """Connection-level failures of whichever HTTP client huggingface_hub uses."""
-    errors: list[type[BaseException]] = [OSError, ConnectionError]
+def network_errors() -> tuple[type[BaseException], ...]:
+    """Connection-level failures of whichever HTTP client huggingface_hub uses (httpx2 in 2.x)."""
+    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
     for module_name in ("httpx2", "httpx"):
         try:
             errors.append(__import__(module_name).TransportError)
@@ -93,7 +93,7 @@ def _model_info(repo_id: str, revision: str | None, token: str | None, endpoint:
     except http_error as error:
         status = error.response.status_code if error.response is not None else "?"
         raise SourceError(f"the Hub refused access to {repo_id} (HTTP {status}); check --token") from None
-    except _network_errors() as error:
+    except (OSError, *network_errors()) as error:
         raise SourceError(
             f"cannot reach {api.endpoint} ({type(error).__name__}); check the network or --endpoint/HF_ENDPOINT"
         ) from None
@@ -109,7 +109,7 @@ def _download(repo_id, sha, files, token, endpoint, cache_dir) -> Path:
         )
     except http_error as error:
         raise SourceError(f"download of {repo_id} failed: {str(error).splitlines()[0]}") from None
-    except _network_errors() as error:
+    except (OSError, *network_errors()) as error:
         raise SourceError(f"download of {repo_id} failed ({type(error).__name__}); retry or check the network") from None
     return Path(folder)
 
