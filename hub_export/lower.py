@@ -91,13 +91,48 @@ def drop_provenance(program: torch.export.ExportedProgram) -> None:
         node.meta.pop("from_node", None)
 
 
+def _weight_only_linear_config():
+    """XNNPACK's linear config, extended to claim float-activation, integer-weight linears.
+
+    The stock config treats a dequantized weight as static quantization and then wants
+    the activation dequantized too, so it rejects :mod:`hub_export.weight_only`'s
+    pattern and the graph falls back to a decomposition XNNPACK gets wrong. Claimed
+    whole (dequantize + int weight + scales), it is serialized as an fp32-input,
+    per-channel int8/int4 fully-connected node.
+    """
+    from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, tag_as_implicit_q_dq
+    from executorch.backends.xnnpack.utils.utils import get_input_node, is_param_node
+
+    class WeightOnlyLinearConfig(LinearConfig):
+        def get_deps(self, node, ep):
+            weight = get_input_node(node, 1)
+            if is_dequant(get_input_node(node, 0)) or not is_dequant(weight):
+                return super().get_deps(node, ep)
+            if len(node.all_input_nodes) > 2 or not all(is_param_node(ep, arg) for arg in weight.all_input_nodes):
+                return False, []
+            tag_as_implicit_q_dq(weight)
+            return True, [weight, *weight.all_input_nodes]
+
+    return WeightOnlyLinearConfig
+
+
+def partitioner():
+    """The XNNPACK partitioner with :func:`_weight_only_linear_config` in place of the stock linear config."""
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+    from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    weight_only = _weight_only_linear_config()
+    return XnnpackPartitioner(configs=[weight_only if c is LinearConfig else c for c in ALL_PARTITIONER_CONFIGS])
+
+
 def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path: Path) -> int:
     """Partition to XNNPACK, plan memory and write the ``.pte`` to ``path``; returns its size.
 
     ``do_quant_fusion_and_const_prop`` folds torchao's weight-only dequantize patterns
     (e.g. quantized embeddings) into ops the runtime has kernels for.
     """
-    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
@@ -105,7 +140,7 @@ def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path
     drop_provenance(program)
     edge = to_edge_transform_and_lower(
         program,
-        partitioner=[XnnpackPartitioner()],
+        partitioner=[partitioner()],
         compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
         constant_methods=metadata,
     )

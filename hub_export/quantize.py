@@ -28,7 +28,7 @@ class QMode:
     weight_bits: int  # 32 means "not quantized"
     grouped: bool  # does --group-size apply?
     config: Callable[[object], object] | None  # granularity -> torchao config
-    unsupported: str | None = None  # why this stack cannot lower it faithfully
+    weight_only: bool = False  # float32 activations (see hub_export.weight_only)
 
 
 def _torchao():
@@ -76,23 +76,14 @@ def _weight_only(bits: int):
     return make
 
 
-# Measured on executorch 1.5.1: XNNPACK takes torchao's weight-only dequantize +
-# matmul pattern but the lowered program does not apply the weight scales (logits off
-# by ~1e3 on a toy model), and without XNNPACK the runtime has no dequantize_affine
-# kernel. Refuse up front rather than ship a file that fails verification.
-_WEIGHT_ONLY_BROKEN = (
-    "weight-only linear quantization does not lower correctly with executorch 1.5.1's XNNPACK backend "
-    "(the exported file ignores the weight scales); use 8da4w or 8da8w, which store the same weights"
-)
-
 QMODES: dict[str, QMode] = {
     mode.name: mode
     for mode in (
         QMode("fp32", "no quantization (float32 weights)", 32, False, None),
         QMode("8da4w", "int8 dynamic activations, int4 grouped weights", 4, True, _dynamic_act(4)),
         QMode("8da8w", "int8 dynamic activations, int8 per-channel weights", 8, False, _dynamic_act(8)),
-        QMode("4w", "int4 grouped weight-only", 4, True, _weight_only(4), _WEIGHT_ONLY_BROKEN),
-        QMode("8w", "int8 per-channel weight-only", 8, False, _weight_only(8), _WEIGHT_ONLY_BROKEN),
+        QMode("4w", "float32 activations, int4 per-channel weights", 4, False, _weight_only(4), True),
+        QMode("8w", "float32 activations, int8 per-channel weights", 8, False, _weight_only(8), True),
     )
 }
 
@@ -141,8 +132,11 @@ def quantize_linears(model: "nn.Module", qmode: str, group_size: int = DEFAULT_G
 
     quantize_(model, mode.config(_granularity(mode.grouped, group_size)), filter_fn=grouped)
     if fallback:
-        per_channel_config = _dynamic_act(8) if mode.name.startswith("8da") else _weight_only(8)
-        quantize_(model, per_channel_config(_granularity(False, group_size)), filter_fn=per_channel)
+        quantize_(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=per_channel)
+    if mode.weight_only:
+        from .weight_only import convert_linears
+
+        convert_linears(model, mode.weight_bits)
     return fallback
 
 
@@ -176,8 +170,6 @@ def validate(qmodes: list[str], qembedding: str | None, group_size: int) -> None
     for mode in qmodes:
         if mode not in QMODES:
             raise InputError(f"unknown --qmode {mode!r}; choose from {', '.join(QMODES)}")
-        if QMODES[mode].unsupported:
-            raise InputError(f"--qmode {mode}: {QMODES[mode].unsupported}")
     if len(set(qmodes)) != len(qmodes):
         raise InputError("each --qmode may be given once")
     if qembedding and qembedding not in QEMBEDDINGS:

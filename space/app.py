@@ -49,6 +49,8 @@ QMODE_CHOICES = [
     ("fp32: no quantization (largest, exact)", "fp32"),
     ("8da4w: int8 activations, int4 weights (smallest, fastest)", "8da4w"),
     ("8da8w: int8 activations, int8 weights", "8da8w"),
+    ("4w: float activations, int4 per-channel weights", "4w"),
+    ("8w: float activations, int8 per-channel weights", "8w"),
 ]
 EMBEDDING_CHOICES = [("none", "none"), ("4-bit", "4w"), ("8-bit", "8w")]
 TABLE_HEADERS = [
