@@ -147,6 +147,23 @@ def release_memory() -> None:
         pass
 
 
+def map_large_allocations(threshold: int = 1 << 20) -> None:
+    """Have glibc give every allocation above ``threshold`` bytes its own memory map.
+
+    By default glibc raises its mmap threshold to the size of each block freed (up to
+    32 MiB), after which tensor temporaries come from the heap, where freed memory stays
+    resident. A fixed threshold returns them to the OS as soon as they are freed. On the
+    SmolLM2-135M shape the quantization peak went from 1337-1581 MiB (varying run to run)
+    to 1324-1343 MiB. A no-op where the C library is not glibc.
+    """
+    try:
+        import ctypes
+
+        ctypes.CDLL("libc.so.6").mallopt(-3, threshold)  # -3 = M_MMAP_THRESHOLD
+    except (OSError, AttributeError):
+        pass
+
+
 def _kind(qmode: str) -> str:
     if qmode == "fp32":
         return "fp32"
@@ -306,6 +323,7 @@ def export(
         precheck=precheck,
     )
     seq_len = resolved_len["value"]
+    map_large_allocations()
     workdir = _prepare_output(output_dir, overwrite)
     try:
         say(f"loading {src.name} ({src.model_type})")
