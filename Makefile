@@ -29,7 +29,7 @@ space: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/space.sh
 
 bench: $(STAMP)
-	$(PY) -m benchmarks.bench_export --qmode 8da4w --qmode 8da8w --qmode fp32 --qembedding 8w
+	$(PY) -m benchmarks.bench_export --qmode 8da4w --qmode 8da8w --qmode 4w --qmode 8w --qmode fp32 --qembedding 8w
 
 clean:
 	rm -rf .demo test-artifacts benchmarks/work
