@@ -73,6 +73,10 @@ def _hub_errors():
     return GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
 
 
+def _gated(repo_id: str) -> SourceError:
+    return SourceError(f"{repo_id} is gated: accept its license on the Hub, then pass --token or set HF_TOKEN")
+
+
 def _model_info(repo_id: str, revision: str | None, token: str | None, endpoint: str | None):
     from huggingface_hub import HfApi
 
@@ -81,9 +85,7 @@ def _model_info(repo_id: str, revision: str | None, token: str | None, endpoint:
     try:
         return api.model_info(repo_id, revision=revision)
     except gated:
-        raise SourceError(
-            f"{repo_id} is gated: accept its license on the Hub, then pass --token or set HF_TOKEN"
-        ) from None
+        raise _gated(repo_id) from None
     except revision_not_found:
         raise SourceError(f"revision {revision!r} not found in {repo_id}") from None
     except not_found:
@@ -102,11 +104,14 @@ def _model_info(repo_id: str, revision: str | None, token: str | None, endpoint:
 def _download(repo_id, sha, files, token, endpoint, cache_dir) -> Path:
     from huggingface_hub import snapshot_download
 
-    _, http_error, _, _ = _hub_errors()
+    gated, http_error, _, _ = _hub_errors()
     try:
         folder = snapshot_download(
             repo_id, revision=sha, allow_patterns=files, token=token, endpoint=endpoint, cache_dir=cache_dir
         )
+    except gated:
+        # The Hub shows a gated repo's page to everyone; only its files are refused.
+        raise _gated(repo_id) from None
     except http_error as error:
         raise SourceError(f"download of {repo_id} failed: {str(error).splitlines()[0]}") from None
     except (OSError, *network_errors()) as error:

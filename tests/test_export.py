@@ -323,11 +323,22 @@ HUB_ERRORS = {
     "private repo, other user": ("alice/tiny-source", "bob", 3, "for a private repo pass --token"),
     "private repo, anonymous": ("alice/tiny-source", None, 3, "not found on"),
     "revision not found": ("alice/tiny-source", "alice", 3, "revision 'v9' not found"),
+    "gated repo, no access": ("alice/tiny-gated", "bob", 3, "alice/tiny-gated is gated: accept its license on the Hub"),
 }
 
 
+@pytest.fixture(scope="session")
+def gated_hub_model(local_hub, tiny_model):
+    """The tiny model in alice's public repo behind a gate that bob has not passed."""
+    api = local_hub.api(local_hub.alice_token)
+    api.create_repo("alice/tiny-gated")
+    api.upload_folder(repo_id="alice/tiny-gated", folder_path=str(tiny_model))
+    api.update_repo_settings("alice/tiny-gated", gated="manual")
+    return "alice/tiny-gated"
+
+
 @pytest.mark.parametrize("case", list(HUB_ERRORS))
-def test_hub_errors_are_clear(case, local_hub, hub_model, tmp_path, capsys):
+def test_hub_errors_are_clear(case, local_hub, hub_model, gated_hub_model, tmp_path, capsys):
     repo_id, user, exit_code, message = HUB_ERRORS[case]
     args = ["export", repo_id, "-o", str(tmp_path / "out"), "--endpoint", local_hub.endpoint]
     token = {"alice": local_hub.alice_token, "bob": local_hub.bob_token}.get(user)

@@ -218,6 +218,32 @@ def test_permission_matrix(local_hub: LocalHubFixture, repo_id: str, tmp_path: P
     assert local_hub.api().list_repo_files(public_id) == [".gitattributes"]  # anonymous reads public
 
 
+def test_gated_repo_needs_granted_access_to_download(local_hub: LocalHubFixture, repo_id: str, tmp_path: Path) -> None:
+    from huggingface_hub.errors import GatedRepoError
+
+    alice = local_hub.api(local_hub.alice_token)
+    alice.create_repo(repo_id)
+    alice.upload_file(path_or_fileobj=b"weights", path_in_repo="model.bin", repo_id=repo_id)
+    alice.update_repo_settings(repo_id, gated="auto")
+    assert local_hub.api(local_hub.bob_token).model_info(repo_id).gated == "auto"  # the page stays visible
+
+    def download(token, folder):
+        return hf_hub_download(repo_id, "model.bin", token=token, cache_dir=tmp_path / folder, endpoint=local_hub.endpoint)
+
+    with pytest.raises(GatedRepoError) as exc:
+        download(local_hub.bob_token, "bob")
+    assert exc.value.response.status_code == 403 and "not in the authorized list" in str(exc.value)
+    with pytest.raises(GatedRepoError) as exc:
+        download(False, "anon")
+    assert exc.value.response.status_code == 401
+    assert Path(download(local_hub.alice_token, "alice")).read_bytes() == b"weights"  # the owner always may
+
+    LocalHubStore(local_hub.root).grant_access(LocalHubStore(local_hub.root).find_repo("model", *repo_id.split("/")), "bob")
+    assert Path(download(local_hub.bob_token, "bob-granted")).read_bytes() == b"weights"
+    alice.update_repo_settings(repo_id, gated=False)
+    assert Path(download(False, "anon-ungated")).read_bytes() == b"weights"
+
+
 def test_bad_token_is_401_and_invalid_name_is_400(local_hub: LocalHubFixture) -> None:
     with pytest.raises(HfHubHTTPError) as exc:
         local_hub.api("hf_" + "x" * 34).model_info("alice/anything")

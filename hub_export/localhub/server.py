@@ -260,7 +260,7 @@ def _repo_info(store: LocalHubStore, repo: Repo, commit: Commit) -> dict[str, An
         "sha": commit.oid,
         "private": repo.private,
         "disabled": False,
-        "gated": False,
+        "gated": store.gate(repo) or False,
         "downloads": 0,
         "likes": 0,
         "tags": _tags(card),
@@ -363,7 +363,9 @@ async def update_settings(request: Request, kind: str, ns: str, name: str) -> di
             private = body["visibility"] == "private"
         if isinstance(private, bool):
             _store(request).set_private(repo, private)
-        return {"private": repo.private if private is None else private}
+        if "gated" in body:
+            _store(request).set_gate(repo, body["gated"] or None)
+        return {"private": repo.private if private is None else private, "gated": _store(request).gate(repo) or False}
 
     return await run_in_threadpool(update)
 
@@ -683,6 +685,7 @@ def _resolve_routes(prefix: str, kind: str) -> None:
         repo = _open(request, kind, ns, name)
         rev, path = _rev_and_path(request, marker_index)
         store = _store(request)
+        store.require_file_access(_caller(request), repo)
         commit = store.resolve(repo, rev)
         entry = store.tree(commit).get(path)
         if entry is None:

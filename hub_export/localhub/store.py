@@ -60,6 +60,8 @@ CREATE TABLE IF NOT EXISTS refs (
     repo INTEGER NOT NULL, name TEXT NOT NULL, target TEXT NOT NULL, PRIMARY KEY (repo, name));
 CREATE TABLE IF NOT EXISTS objects (sha256 TEXT PRIMARY KEY, size INTEGER NOT NULL);
 CREATE TABLE IF NOT EXISTS repo_objects (repo INTEGER NOT NULL, sha256 TEXT NOT NULL, PRIMARY KEY (repo, sha256));
+CREATE TABLE IF NOT EXISTS gates (repo INTEGER PRIMARY KEY, mode TEXT NOT NULL);
+CREATE TABLE IF NOT EXISTS gate_access (repo INTEGER NOT NULL, user TEXT NOT NULL, PRIMARY KEY (repo, user));
 """
 
 
@@ -361,6 +363,55 @@ class LocalHubStore:
         if write:
             self.require_writer(caller, namespace, f"write to {repo.repo_id}")
         return repo
+
+    # -- gated repositories ------------------------------------------------------
+
+    def gate(self, repo: Repo) -> str | None:
+        """``"auto"`` or ``"manual"`` when downloading ``repo``'s files needs granted access, else None."""
+        with self._connect() as db:
+            row = db.execute("SELECT mode FROM gates WHERE repo = ?", (repo.id,)).fetchone()
+        return row["mode"] if row else None
+
+    def set_gate(self, repo: Repo, mode: str | None) -> None:
+        """Gate ``repo`` (``"auto"``/``"manual"``, as the Hub's settings call names it) or ungate it (None)."""
+        if mode not in (None, "auto", "manual"):
+            raise HubAPIError(400, f"gated must be false, 'auto' or 'manual', not {mode!r}")
+        with self._transaction() as db:
+            db.execute("DELETE FROM gates WHERE repo = ?", (repo.id,))
+            if mode:
+                db.execute("INSERT INTO gates (repo, mode) VALUES (?, ?)", (repo.id, mode))
+
+    def grant_access(self, repo: Repo, user: str) -> None:
+        """Let ``user`` download ``repo``'s files (what accepting the conditions does on the Hub)."""
+        with self._transaction() as db:
+            db.execute("INSERT OR IGNORE INTO gate_access (repo, user) VALUES (?, ?)", (repo.id, user))
+
+    def require_file_access(self, caller: Caller | None, repo: Repo) -> None:
+        """Raise the Hub's ``GatedRepo`` error unless ``caller`` may download ``repo``'s files."""
+        if self.gate(repo) is None or self.in_namespace(caller, repo.namespace):
+            return
+        if caller is None:
+            raise HubAPIError(
+                401,
+                f"Access to model {repo.repo_id} is restricted. You must have access to it and be authenticated "
+                "to access it. Please log in.",
+                "GatedRepo",
+            )
+        with self._connect() as db:
+            granted = db.execute(
+                "SELECT 1 FROM gate_access WHERE repo = ? AND user = ?", (repo.id, caller.name)
+            ).fetchone()
+        if not granted:
+            raise HubAPIError(
+                403,
+                f"Access to model {repo.repo_id} is restricted and you are not in the authorized list. "
+                f"Visit {repo.url_path} to ask for access.",
+                "GatedRepo",
+            )
+
+    @staticmethod
+    def in_namespace(caller: Caller | None, namespace: str) -> bool:
+        return caller is not None and (caller.name == namespace or namespace in caller.orgs)
 
     # -- repositories -----------------------------------------------------------
 
