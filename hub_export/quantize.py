@@ -174,6 +174,9 @@ def validate(qmodes: list[str], qembedding: str | None, group_size: int) -> None
         raise InputError("each --qmode may be given once")
     if qembedding and qembedding not in QEMBEDDINGS:
         raise InputError(f"unknown --qembedding {qembedding!r}; choose from {', '.join(QEMBEDDINGS)}")
+    if group_size != DEFAULT_GROUP_SIZE and not any(QMODES[mode].grouped for mode in qmodes):
+        grouped = ", ".join(name for name, mode in QMODES.items() if mode.grouped)
+        log.warning("--group-size applies only to %s; the chosen qmodes are per-channel and ignore it", grouped)
     if group_size <= 0 or group_size % 32:
         raise InputError(
             f"--group-size must be a positive multiple of 32 (got {group_size}), as XNNPACK's int4 kernels require; "
