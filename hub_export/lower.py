@@ -220,6 +220,9 @@ def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
+    from torch.fx import graph_module
+
+    fx_sources_before = set(graph_module._loader.eval_cache)
     inferred_reshapes(program)
     drop_provenance(program)
     with compact_dependency_viewers():
@@ -239,4 +242,30 @@ def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path
     del edge
     with open(path, "wb") as handle:
         executorch_program.write_to_file(handle)
+    del executorch_program
+    forget_tracing_caches(fx_sources_before)
     return path.stat().st_size
+
+
+def forget_tracing_caches(fx_sources_before: set[str] | None = None) -> None:
+    """Drop what torch's process-wide tracing caches still hold of a lowered program.
+
+    - FakeTensorMode's class-level dispatch cache keys hold op arguments, among them
+      the lowered delegate modules and, through them, exported programs (found with
+      ``gc.get_referrers`` after a multi-variant run).
+    - torch.fx keeps the generated source of every recompiled graph in a module-level
+      cache (and ``linecache``); lowering recompiles the graph after most passes.
+      Entries created since ``fx_sources_before`` belong to graphs that are gone.
+    """
+    import linecache
+
+    from torch._subclasses.fake_tensor import FakeTensorMode
+    from torch.fx import graph_module
+
+    FakeTensorMode.cache_clear()
+    torch._dynamo.reset()
+    if fx_sources_before is not None:
+        cache = graph_module._loader.eval_cache
+        for key in set(cache) - fx_sources_before:
+            del cache[key]
+            linecache.cache.pop(key, None)
