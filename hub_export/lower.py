@@ -247,25 +247,20 @@ def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path
     return path.stat().st_size
 
 
-def forget_tracing_caches(fx_sources_before: set[str] | None = None) -> None:
-    """Drop what torch's process-wide tracing caches still hold of a lowered program.
+def forget_tracing_caches(fx_sources_before: set[str]) -> None:
+    """Forget the generated source of the graphs lowering created (they are gone).
 
-    - FakeTensorMode's class-level dispatch cache keys hold op arguments, among them
-      the lowered delegate modules and, through them, exported programs (found with
-      ``gc.get_referrers`` after a multi-variant run).
-    - torch.fx keeps the generated source of every recompiled graph in a module-level
-      cache (and ``linecache``); lowering recompiles the graph after most passes.
-      Entries created since ``fx_sources_before`` belong to graphs that are gone.
+    torch.fx keeps the source of every recompiled graph in a module-level cache (and
+    ``linecache``), and lowering recompiles the graph after most passes. Measured on a
+    2-layer model, three variants in one process: 602 instead of 624 MiB at the end.
+    (Clearing FakeTensorMode's dispatch cache and dynamo's state as well, which
+    ``gc.get_referrers`` shows holding lowered modules, made no measurable difference.)
     """
     import linecache
 
-    from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx import graph_module
 
-    FakeTensorMode.cache_clear()
-    torch._dynamo.reset()
-    if fx_sources_before is not None:
-        cache = graph_module._loader.eval_cache
-        for key in set(cache) - fx_sources_before:
-            del cache[key]
-            linecache.cache.pop(key, None)
+    cache = graph_module._loader.eval_cache
+    for key in set(cache) - fx_sources_before:
+        del cache[key]
+        linecache.cache.pop(key, None)
