@@ -318,7 +318,33 @@ def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
     if max_prefill > 1:  # a one-token prefill is a static graph
         seq = torch.export.Dim("seq", min=1, max=max_prefill)
         dynamic = ({1: seq}, {0: seq})
-    with torch.no_grad(), delegable_norms(wrapped.model), delegable_rotary(wrapped):
+    with torch.no_grad(), delegable_norms(wrapped.model), delegable_rotary(wrapped), forget_compiled_globals():
         program = torch.export.export(wrapped, example, dynamic_shapes=dynamic, strict=True)
     wrapped.cache.reset()
     return program
+
+
+@contextlib.contextmanager
+def forget_compiled_globals():
+    """Remove the ``__compiled_fn_*`` globals strict export leaves behind.
+
+    Dynamo installs each traced graph as a global of the module whose frame it traced
+    (``torch._dynamo.functional_export``) and never removes it; the graph holds the
+    model's (quantized) weights as constants, so in a multi-variant run every variant
+    stayed resident (found with ``gc.get_referrers``).
+    """
+    try:
+        from torch._dynamo import functional_export as traced_module
+    except ImportError:  # another torch layout: nothing known to clean
+        yield
+        return
+
+    def compiled() -> set[str]:
+        return {name for name in vars(traced_module) if name.startswith("__compiled_fn_")}
+
+    before = compiled()
+    try:
+        yield
+    finally:
+        for name in compiled() - before:
+            delattr(traced_module, name)
