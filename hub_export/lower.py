@@ -220,35 +220,33 @@ def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
-    from torch.fx import graph_module
-
-    fx_sources_before = set(graph_module._loader.eval_cache)
     inferred_reshapes(program)
     drop_provenance(program)
-    with compact_dependency_viewers():
-        edge = to_edge_transform_and_lower(
-            program,
-            partitioner=[partitioner()],
-            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-            constant_methods=metadata,
+    with forgetting_tracing_caches():
+        with compact_dependency_viewers():
+            edge = to_edge_transform_and_lower(
+                program,
+                partitioner=[partitioner()],
+                compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+                constant_methods=metadata,
+            )
+        executorch_program = edge.to_executorch(
+            ExecutorchBackendConfig(
+                extract_delegate_segments=True,
+                memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+                do_quant_fusion_and_const_prop=True,
+            )
         )
-    executorch_program = edge.to_executorch(
-        ExecutorchBackendConfig(
-            extract_delegate_segments=True,
-            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
-            do_quant_fusion_and_const_prop=True,
-        )
-    )
-    del edge
-    with open(path, "wb") as handle:
-        executorch_program.write_to_file(handle)
-    del executorch_program
-    forget_tracing_caches(fx_sources_before)
+        del edge
+        with open(path, "wb") as handle:
+            executorch_program.write_to_file(handle)
+        del executorch_program
     return path.stat().st_size
 
 
-def forget_tracing_caches(fx_sources_before: set[str]) -> None:
-    """Drop what torch's process-wide tracing caches still hold of a lowered program.
+@contextlib.contextmanager
+def forgetting_tracing_caches():
+    """On exit, drop what process-wide tracing caches still hold of the program lowered inside.
 
     - FakeTensorMode's class-level dispatch cache keys hold op arguments, among them
       the lowered delegate modules and, through them, the exported partitions with
@@ -257,7 +255,7 @@ def forget_tracing_caches(fx_sources_before: set[str]) -> None:
       by graph nodes, which keeps every partitioned graph alive.
     - torch.fx keeps the source of every recompiled graph in a module-level cache (and
       ``linecache``), and lowering recompiles the graph after most passes; entries
-      created since ``fx_sources_before`` belong to graphs that are gone.
+      created inside belong to graphs that are gone.
     """
     import linecache
 
@@ -265,10 +263,14 @@ def forget_tracing_caches(fx_sources_before: set[str]) -> None:
     from torch._subclasses.fake_tensor import FakeTensorMode
     from torch.fx import graph_module
 
-    FakeTensorMode.cache_clear()
-    if hasattr(backend_utils.is_same_node, "cache_clear"):
-        backend_utils.is_same_node.cache_clear()
-    cache = graph_module._loader.eval_cache
-    for key in set(cache) - fx_sources_before:
-        del cache[key]
-        linecache.cache.pop(key, None)
+    fx_sources = graph_module._loader.eval_cache
+    before = set(fx_sources)
+    try:
+        yield
+    finally:
+        FakeTensorMode.cache_clear()
+        if hasattr(backend_utils.is_same_node, "cache_clear"):
+            backend_utils.is_same_node.cache_clear()
+        for key in set(fx_sources) - before:
+            del fx_sources[key]
+            linecache.cache.pop(key, None)

@@ -339,9 +339,7 @@ class LocalHubStore:
     @staticmethod
     def can_read(caller: Caller | None, repo: Repo) -> bool:
         """Public repos are world-readable; private ones only by their namespace and its members."""
-        if not repo.private:
-            return True
-        return caller is not None and (caller.name == repo.namespace or repo.namespace in caller.orgs)
+        return not repo.private or LocalHubStore.in_namespace(caller, repo.namespace)
 
     @staticmethod
     def require_writer(caller: Caller | None, namespace: str, what: str) -> None:
@@ -411,6 +409,7 @@ class LocalHubStore:
 
     @staticmethod
     def in_namespace(caller: Caller | None, namespace: str) -> bool:
+        """Whether ``caller`` is ``namespace`` or one of its organization's members."""
         return caller is not None and (caller.name == namespace or namespace in caller.orgs)
 
     # -- repositories -----------------------------------------------------------
