@@ -18,7 +18,7 @@ and ``hub-export --help`` stay fast.
 
 from __future__ import annotations
 
-from .errors import HubError, HubExportError, InputError, SourceError, VerificationError
+from .errors import ExportError, HubError, HubExportError, InputError, SourceError, VerificationError
 
 # Verbs live in modules of the same name (mlx-lm style). Binding the functions here,
 # after their modules are imported, keeps `hub_export.export` the function even once
@@ -47,6 +47,7 @@ __all__ = [
     "render_card",
     "QMODES",
     "FAMILIES",
+    "ExportError",
     "HubExportError",
     "HubError",
     "InputError",

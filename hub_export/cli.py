@@ -79,6 +79,7 @@ def verification_summary(check: dict) -> str:
     )
 
 
+JOBS_HELP = "Variants to build at once, each in its own process (default: as many as cores and memory allow)."
 QMODE_HELP = "Quantization of linear layers; repeat for several variants: fp32, 8da4w, 8da8w (4w, 8w: see docs)."
 
 
@@ -102,6 +103,7 @@ def export(
     trust_remote_code: bool = typer.Option(False, help="Allow models that need custom code from the repo."),
     allow_pickle: bool = typer.Option(False, help="Allow pickle (*.bin) weights, which can run code when loaded."),
     verify: bool = typer.Option(True, help="Verify each .pte against the eager model and in TextLLMRunner."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help=JOBS_HELP, show_default=False),
     overwrite: bool = typer.Option(False, help="Replace a non-empty output folder."),
 ):
     """Export a causal LM to verified ExecuTorch .pte variants (one per --qmode)."""
@@ -117,6 +119,7 @@ def export(
             group_size=group_size,
             max_seq_len=max_seq_len,
             verify=verify,
+            jobs=jobs,
             revision=revision,
             token=token,
             endpoint=endpoint,
@@ -237,6 +240,7 @@ def push_command(
     qembedding: Optional[str] = typer.Option(None, help="Quantize the token embedding: 4w or 8w."),
     group_size: Optional[int] = typer.Option(None, help="Group size for grouped int4 weights (default 32)."),
     max_seq_len: Optional[int] = typer.Option(None, help="KV cache length (prompt + generation)."),
+    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help=JOBS_HELP, show_default=False),
     revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the SOURCE repo to export."),
     branch: Optional[str] = typer.Option(None, help="Target branch to push to (created from main if missing)."),
     private: bool = typer.Option(False, help="Create the repo private (new repos only)."),
@@ -267,6 +271,7 @@ def push_command(
             qembedding=qembedding,
             group_size=group_size,
             max_seq_len=max_seq_len,
+            jobs=jobs,
             revision=revision,
             trust_remote_code=trust_remote_code,
             allow_pickle=allow_pickle,

@@ -29,6 +29,12 @@ class SourceError(HubExportError):
     exit_code = 3
 
 
+class ExportError(HubExportError):
+    """Building a variant failed for a reason outside the user's input."""
+
+    exit_code = 1
+
+
 class VerificationError(HubExportError):
     """An exported program does not match the eager model."""
 

@@ -1,8 +1,11 @@
 """Export: source -> wrap -> quantize -> lower -> verify, into one output folder.
 
-The source is loaded once; every variant starts from a copy of the unquantized
-weights. Output is written to a hidden sibling folder and moved into place only when
-every variant has passed, so a failed run leaves nothing behind.
+The source is downloaded once and every variant starts from its unquantized weights.
+Variants are built one after another in this process, or, when there are several and
+the machine has the cores and memory, several at once in worker processes
+(:mod:`hub_export.workers`) that each map the same checkpoint. Output is written to a
+hidden sibling folder and moved into place only when every variant has passed, so a
+failed run leaves nothing behind.
 """
 
 from __future__ import annotations
@@ -21,6 +24,7 @@ from typing import TYPE_CHECKING, Callable, Sequence
 from . import archs, quantize, source as source_stage
 from .errors import InputError, VerificationError
 from .manifest import Manifest, Variant, machine_description, package_versions, sha256_file
+from .workers import VariantJob, export_in_workers, usable_cpus, worker_count
 
 # torch, executorch and the stage modules that need them are imported where used, so
 # that `import hub_export` and `hub-export --help` stay fast.
@@ -46,10 +50,13 @@ class ExportOptions:
     group_size: int = quantize.DEFAULT_GROUP_SIZE
     max_seq_len: int | None = None
     verify: bool = True
+    jobs: int | None = None  # variants built at once; None: as many as cores and memory allow
 
     def validate(self) -> None:
         if not self.qmodes:
             raise InputError("give at least one --qmode")
+        if self.jobs is not None and self.jobs < 1:
+            raise InputError(f"--jobs must be at least 1 (got {self.jobs})")
         quantize.validate(list(self.qmodes), self.qembedding, self.group_size)
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise InputError(f"--max-seq-len must be at least 2 (got {self.max_seq_len})")
@@ -162,6 +169,11 @@ def map_large_allocations(threshold: int = 1 << 20) -> None:
         ctypes.CDLL("libc.so.6").mallopt(-3, threshold)  # -3 = M_MMAP_THRESHOLD
     except (OSError, AttributeError):
         pass
+
+
+def _libraries_quiet() -> bool:
+    """Whether the caller silenced the frameworks' warnings (the CLI does); workers follow suit."""
+    return logging.getLogger("torch").getEffectiveLevel() >= logging.ERROR
 
 
 def _kind(qmode: str) -> str:
@@ -284,6 +296,7 @@ def export(
     group_size: int = quantize.DEFAULT_GROUP_SIZE,
     max_seq_len: int | None = None,
     verify: bool = True,
+    jobs: int | None = None,
     revision: str | None = None,
     token: str | None = None,
     endpoint: str | None = None,
@@ -296,12 +309,15 @@ def export(
 ) -> Manifest:
     """Export ``source`` to verified ExecuTorch ``.pte`` variants in ``output_dir``.
 
+    ``jobs`` is how many variants are built at once, each in its own process; by
+    default as many as there are cores and memory for (one when there is one variant).
+
     Example:
         >>> manifest = export("HuggingFaceTB/SmolLM2-135M", "out", qmodes=["8da4w", "fp32"], max_seq_len=256)
         >>> [v.file for v in manifest.variants]
         ['model-8da4w.pte', 'model-fp32.pte']
     """
-    options = ExportOptions(qmodes, qembedding, group_size, max_seq_len, verify)
+    options = ExportOptions(qmodes, qembedding, group_size, max_seq_len, verify, jobs)
     options.validate()
     say = progress or (lambda message: log.info(message))
     output_dir = Path(output_dir)
@@ -335,15 +351,29 @@ def export(
             say("computing the fp32 eager reference")
             reference = build_reference(model, src.path / "tokenizer.json", seq_len)
         source_record = _source_record(src, model)
-        run = _Run(model, src, options, seq_len, workdir, reference, say)
-        del model  # the run owns it now, and drops it once the last variant no longer needs it
-        for index, qmode in enumerate(options.qmodes):
-            run.variants.append(_export_variant(run, qmode, last=index == len(options.qmodes) - 1))
+        weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
+        workers = worker_count(options.jobs, len(options.qmodes), weight_bytes)
+        if workers > 1:
+            del model
+            release_memory()
+            say(f"building {len(options.qmodes)} variants, {workers} at a time in worker processes")
+            variant_jobs = [
+                VariantJob(index, qmode, src, options, seq_len, workdir, reference, trust_remote_code,
+                           threads=max(1, usable_cpus() // workers), quiet=_libraries_quiet())
+                for index, qmode in enumerate(options.qmodes)
+            ]
+            variants = export_in_workers(variant_jobs, workers, say)
+        else:
+            run = _Run(model, src, options, seq_len, workdir, reference, say)
+            del model  # the run owns it now, and drops it once the last variant no longer needs it
+            for index, qmode in enumerate(options.qmodes):
+                run.variants.append(_export_variant(run, qmode, last=index == len(options.qmodes) - 1))
+            variants = run.variants
         _copy_source_files(src, workdir)
         manifest = Manifest(
             source=source_record,
             versions=package_versions(),
-            variants=run.variants,
+            variants=variants,
             command=command or _default_command(src.name, options, revision),
             machine=machine_description(),
         )

@@ -26,9 +26,9 @@ def tiny_model(tmp_path_factory) -> Path:
 
 @pytest.fixture(scope="session")
 def exported_multi(tmp_path_factory, tiny_model) -> Path:
-    """``tiny_model`` exported once with two variants (8da4w + 8-bit embeddings, fp32)."""
+    """``tiny_model`` exported once with two variants (8da4w + 8-bit embeddings, fp32), built in two worker processes."""
     from hub_export.export import export
 
     out = tmp_path_factory.mktemp("exports") / "tiny-multi"
-    export(str(tiny_model), out, qmodes=["8da4w", "fp32"], qembedding="8w", max_seq_len=64)
+    export(str(tiny_model), out, qmodes=["8da4w", "fp32"], qembedding="8w", max_seq_len=64, jobs=2)
     return out

@@ -1,0 +1,81 @@
+"""Several variants at once in worker processes: same files, clear failures, nothing left behind."""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+
+from hub_export import workers
+from hub_export.manifest import Manifest
+
+
+def test_worker_count_follows_the_request_the_cores_and_the_memory(monkeypatch):
+    gib = 1 << 30
+    monkeypatch.setattr(workers, "usable_cpus", lambda: 8)
+    monkeypatch.setattr(workers, "available_memory", lambda: 64 * gib)
+    assert workers.worker_count(None, 1, gib) == 1  # one variant: in-process
+    assert workers.worker_count(None, 5, gib) == 5
+    assert workers.worker_count(None, 20, gib) == 8  # a core each
+    assert workers.worker_count(3, 5, gib) == 3  # --jobs wins
+    assert workers.worker_count(4, 2, gib) == 2  # but never more than the variants
+    # 3x the fp32 weights plus the frameworks per worker: 10 GB free holds two 2 GB models' exports.
+    monkeypatch.setattr(workers, "available_memory", lambda: 10 * gib)
+    assert workers.worker_count(None, 5, 2 * gib) == 1
+    assert workers.worker_count(None, 5, gib // 2) == 4
+
+
+def test_variants_built_in_workers_are_the_files_a_one_variant_run_builds(exported_multi, tiny_model, tmp_path):
+    from hub_export.export import export
+
+    alone = export(str(tiny_model), tmp_path / "alone", qmodes=["8da4w"], qembedding="8w", max_seq_len=64)
+    in_workers = {v.qmode: v for v in Manifest.read(exported_multi).variants}
+    assert alone.variants[0].sha256 == in_workers["8da4w"].sha256
+    assert alone.variants[0].metadata == in_workers["8da4w"].metadata
+
+
+def _children(pid: int) -> list[int]:
+    found = []
+    for stat in Path("/proc").glob("[0-9]*/stat"):
+        try:
+            fields = stat.read_text().rsplit(")", 1)[1].split()
+        except OSError:
+            continue
+        if int(fields[1]) == pid:
+            found.append(int(stat.parent.name))
+    return found
+
+
+def _alive(pid: int) -> bool:
+    try:
+        state = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()[0]
+    except OSError:
+        return False
+    return state != "Z"
+
+
+def test_a_killed_worker_fails_the_run_stops_the_others_and_leaves_nothing(tiny_model, tmp_path):
+    out = tmp_path / "out"
+    command = [sys.executable, "-m", "hub_export.cli", "export", str(tiny_model), "-o", str(out),
+               "-q", "8da4w", "-q", "fp32", "--max-seq-len", "32", "--jobs", "2"]
+    run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
+    deadline = time.monotonic() + 120
+    workers_seen: list[int] = []
+    while time.monotonic() < deadline and len(workers_seen) < 2:
+        # The spawn machinery starts a resource tracker too; the workers run spawn_main.
+        workers_seen = [pid for pid in _children(run.pid)
+                        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+        time.sleep(0.2)
+    assert len(workers_seen) == 2, "the run did not start two workers"
+    time.sleep(3)  # let them get into their work
+    os.kill(workers_seen[0], signal.SIGKILL)  # what the kernel's out-of-memory killer does
+    _, err = run.communicate(timeout=120)
+    assert run.returncode == 1
+    lines = [line for line in err.splitlines() if line.startswith("Error:")]
+    assert len(lines) == 1, err
+    assert "exited with code -9 without a result" in lines[0] and "--jobs 1" in lines[0]
+    assert not any(_alive(pid) for pid in workers_seen)
+    assert list(tmp_path.iterdir()) == []
