@@ -47,3 +47,55 @@ def test_compact_viewers_are_installed_only_while_lowering():
         assert fx_partitioner._DependencyViewer is CompactDependencyViewer
         assert group_partitioner._DependencyViewer is CompactDependencyViewer
     assert (fx_partitioner._DependencyViewer, group_partitioner._DependencyViewer) == originals
+
+
+def _lowered_bytes(model_dir, tmp_path, name: str) -> bytes:
+    from hub_export import lower, quantize
+    from hub_export.export import load_model
+    from hub_export.wrap import ExportableDecoder, export_program
+
+    model = load_model(model_dir, trust_remote_code=False)
+    quantize.quantize_model(model, "8da4w", "8w", 32)
+    program = export_program(ExportableDecoder(model, 32))
+    path = tmp_path / name
+    lower.to_pte(program, lower.runner_metadata(max_seq_len=32, bos_id=1, eos_ids=[2], vocab_size=512, dynamic_shape=True), path)
+    return path.read_bytes()
+
+
+def test_skipping_idle_xnnpack_passes_leaves_the_pte_unchanged(tiny_model, tmp_path, monkeypatch):
+    """The passes skipped on a decoder would only have re-traced it: same bytes with and without skipping."""
+    import contextlib
+
+    from hub_export import lower
+
+    skipped = _lowered_bytes(tiny_model, tmp_path, "skipped.pte")
+    monkeypatch.setattr(lower, "skipping_idle_xnnpack_passes", contextlib.nullcontext)
+    every_pass = _lowered_bytes(tiny_model, tmp_path, "every-pass.pte")
+    assert skipped == every_pass
+
+
+def test_passes_run_when_their_ops_are_present(monkeypatch):
+    """A ReLU after a linear is fused by FuseActivationPass, so that pass must still run; the cat pass must not."""
+    from executorch.backends.xnnpack._passes.decompose_cat import DecomposeConcatenate
+    from executorch.backends.xnnpack._passes.fuse_activation_pass import FuseActivationPass
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hub_export.lower import partitioner, skipping_idle_xnnpack_passes
+
+    ran = []
+    for pass_type in (FuseActivationPass, DecomposeConcatenate):
+        original = pass_type.call
+
+        def recording(self, graph_module, _original=original, _name=pass_type.__name__):
+            ran.append(_name)
+            return _original(self, graph_module)
+
+        monkeypatch.setattr(pass_type, "call", recording)
+    from executorch.backends.xnnpack._passes import XNNPACKPassManager
+
+    stock = XNNPACKPassManager.transform
+    program = torch.export.export(_Residual(), (torch.randn(2, 8),))
+    with skipping_idle_xnnpack_passes():
+        to_edge_transform_and_lower(program, partitioner=[partitioner()])
+    assert "FuseActivationPass" in ran and "DecomposeConcatenate" not in ran
+    assert XNNPACKPassManager.transform is stock  # only while lowering
