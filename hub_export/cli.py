@@ -110,6 +110,7 @@ def export(
     _quiet_torch()
     from .export import export as run_export
 
+    started = time.perf_counter()
     with _stages(f"exporting {source}") as say:
         manifest = run_export(
             source,
@@ -129,7 +130,7 @@ def export(
             progress=say,
         )
     out.print(variants_table(manifest))
-    out.print(f"Wrote {len(manifest.variants)} variant(s) to {output}/")
+    out.print(f"Wrote {len(manifest.variants)} variant(s) to {output}/ in {time.perf_counter() - started:.0f} s")
 
 
 def _resolve_pte(target: Path, variant: Optional[str]) -> tuple[Path, Path]:

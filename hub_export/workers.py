@@ -152,14 +152,17 @@ def _work(job: VariantJob, messages) -> None:
 
 
 def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[[str], None]) -> list["Variant"]:
-    """Build ``jobs`` in at most ``workers`` processes at once; variants in job order.
+    """Build ``jobs`` in at most ``workers`` processes at once; variants come back in job order.
 
     The first failure stops every other worker and is raised here, so the caller's
     cleanup (removing the staging folder) runs once nothing writes into it any more.
     """
+    from .quantize import QMODES
+
     context = multiprocessing.get_context("spawn")
     messages = context.Queue()
-    pending = list(jobs)
+    # Costliest first (longest-processing-time order): cheap variants fill in at the end.
+    pending = sorted(jobs, key=lambda job: -QMODES[job.qmode].relative_cost)
     running: dict[int, multiprocessing.process.BaseProcess] = {}
     results: dict[int, "Variant"] = {}
     silent: dict[int, float] = {}
