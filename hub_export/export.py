@@ -198,7 +198,7 @@ class _Run:
 
 def _export_variant(run: _Run, qmode: str, last: bool = False) -> Variant:
     from .lower import is_dynamic, runner_metadata, to_pte
-    from .verify import verify
+    from .verify import expected_logits, verify
     from .wrap import ExportableDecoder, export_program
 
     opts = run.options
@@ -207,6 +207,7 @@ def _export_variant(run: _Run, qmode: str, last: bool = False) -> Variant:
     run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})")
     model = weight_sharing_copy(run.model)
     fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size)
+    expected = expected_logits(model, run.reference) if run.reference is not None else None
     if last and shared_fraction(model, run.model) < 0.1:
         # No later variant needs the fp32 weights: free them before lowering. The
         # few still shared (norms) are copied first, since they keep the memory map of
@@ -228,19 +229,19 @@ def _export_variant(run: _Run, qmode: str, last: bool = False) -> Variant:
     run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)")
     path = run.workdir / name
     to_pte(program, metadata, path)
-    del program
+    del program, model
+    if last:
+        run.model = None
     release_memory()
     seconds = time.perf_counter() - started
 
     verification: dict = {"skipped": True}
-    if run.reference is not None:
+    if expected is not None:
         run.say(f"[{name}] verifying against eager and in TextLLMRunner")
-        result = verify(path, model, run.reference, run.src.path / "tokenizer.json", _kind(qmode))
+        result = verify(path, expected, run.reference, run.src.path / "tokenizer.json", _kind(qmode))
         verification = result.to_dict()
         if not result.passed:
             raise VerificationError(f"{name} failed verification: {result.failure}")
-    del model
-    release_memory()
     grouped = quantize.QMODES[qmode].grouped
     return Variant(
         file=name,

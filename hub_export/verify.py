@@ -124,19 +124,28 @@ def _ties_ok(candidate: torch.Tensor, reference: torch.Tensor, tolerance: float)
     return bool((reference.max(-1).values - picked <= 2 * tolerance).all())
 
 
+def expected_logits(quantized_model, reference: Reference) -> torch.Tensor:
+    """What the ``.pte`` must reproduce: the quantized eager model's logits over the reference sequence.
+
+    Taken before lowering, so the eager model can be freed before the runtime loads
+    the program (an fp32 variant would otherwise hold its weights three times).
+    """
+    return _eager_logits(quantized_model, reference.tokens, reference.prompt_len)
+
+
 def verify(
     pte_path: Path,
-    quantized_model,
+    expected: torch.Tensor,
     reference: Reference,
     tokenizer_json: Path,
     kind: str,
 ) -> Verification:
-    """Compare ``pte_path`` against ``quantized_model`` (eager) and run it in the C++ runner.
+    """Compare ``pte_path`` against ``expected`` (:func:`expected_logits`) and run it in the C++ runner.
 
     ``kind`` picks the tolerance: ``fp32``, ``dynamic`` (int8 dynamic activations) or
     ``weight_only``.
     """
-    eager = _eager_logits(quantized_model, reference.tokens, reference.prompt_len)
+    eager = expected
     scale = eager.abs().max().item()
     quant_diff = (eager - reference.fp32_logits).abs().max().item()
     quant_rel = _relative_l2(eager, reference.fp32_logits)

@@ -181,7 +181,7 @@ def test_weight_only_4w_and_8w_match_eager_and_shrink_the_file(biased_model, tmp
 
 def test_verification_fails_on_a_corrupted_pte(exported_multi, tiny_model, tmp_path):
     from hub_export.export import load_model
-    from hub_export.verify import build_reference, verify
+    from hub_export.verify import build_reference, expected_logits, verify
 
     broken = tmp_path / "broken.pte"
     data = bytearray((exported_multi / "model-fp32-emb8w.pte").read_bytes())
@@ -191,7 +191,7 @@ def test_verification_fails_on_a_corrupted_pte(exported_multi, tiny_model, tmp_p
     broken.write_bytes(bytes(data))
     model = load_model(tiny_model, False)
     reference = build_reference(model, tiny_model / "tokenizer.json", 64)
-    result = verify(broken, model, reference, tiny_model / "tokenizer.json", "fp32")
+    result = verify(broken, expected_logits(model, reference), reference, tiny_model / "tokenizer.json", "fp32")
     assert not result.passed
     assert result.failure and ("exceeds tolerance" in result.failure or "runtime" in result.failure)
 
