@@ -219,7 +219,7 @@ def main() -> None:
     fp32_weight_mb = (implied_size_bytes(config, "fp32", None, 32) - config.vocab_size * config.hidden_size * 4) / 1e6
 
     # One variant alone (the figure to compare with a one-variant peer export), then all
-    # of them in one run (the source is loaded once; later variants reuse it).
+    # of them in one run (downloaded once; built in parallel worker processes where cores and memory allow).
     single = export_variants(model_dir, args.work / "export-single", qmodes[:1], args.qembedding, args.max_seq_len)
     out = args.work / "export"
     cost = export_variants(model_dir, out, qmodes, args.qembedding, args.max_seq_len)
