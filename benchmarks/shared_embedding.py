@@ -1,0 +1,166 @@
+"""Tied embeddings stored once: the two ways ExecuTorch 1.5.1 could do it, measured.
+
+    python -m benchmarks.shared_embedding
+
+1. **One file, a stock kernel.** A tied output projection could read the embedding's
+   int8 table only through a kernel outside the XNNPACK delegate (XNNPACK keeps its own
+   copy of every weight it runs). The stock runtime has one,
+   ``quantized_decomposed::mixed_linear`` (fp32 input, int8 weight, per-row scales), a
+   scalar loop; this times it on SmolLM2-135M's output projection (49152 x 576) for one
+   token. Compare with a whole 8da4w decode step in ``benchmarks/results/`` (1 / decode
+   tok/s).
+2. **Two files.** With every weight stored outside the program, in a ``.ptd`` data
+   file (program constants and XNNPACK's weights alike), ExecuTorch's named-data store
+   keeps byte-identical buffers once. With 8-bit embeddings and 8-bit per-channel
+   linears the embedding table and the output projection are the same bytes, so the
+   table is stored once. This exports a 1-layer SmolLM2-shaped 8da8w model both ways and
+   compares sizes, logits and ``TextLLMRunner`` output.
+"""
+
+from __future__ import annotations
+
+import tempfile
+import time
+from pathlib import Path
+
+import torch
+
+ROOT = Path(__file__).resolve().parent
+VOCAB, HIDDEN, REPEATS = 49152, 576, 10
+
+
+def _register_eager_and_fake() -> None:
+    # ExecuTorch declares the functional op (for its quant-fusion patterns) without an
+    # implementation; export needs a fake one and the accuracy check an eager one.
+    import executorch.exir.passes._quant_patterns_and_replacements  # noqa: F401
+    import executorch.kernels.quantized  # noqa: F401  (the .out kernel, ahead of time)
+
+    def eager(input, weight, scales, zero_points=None, dtype=None):
+        return input @ (weight.float() * scales[:, None]).T
+
+    torch.library.impl("quantized_decomposed::mixed_linear", "CompositeExplicitAutograd")(eager)
+    torch.library.register_fake("quantized_decomposed::mixed_linear")(
+        lambda input, weight, scales, zero_points=None, dtype=None: input.new_empty(input.shape[0], weight.shape[0])
+    )
+
+
+class SharedInt8Head(torch.nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.register_buffer("weight", torch.randint(-127, 128, (VOCAB, HIDDEN), dtype=torch.int8))
+        self.register_buffer("scales", torch.rand(VOCAB) / 100)
+
+    def forward(self, hidden):
+        return torch.ops.quantized_decomposed.mixed_linear(hidden, self.weight, self.scales, None)
+
+
+def stock_kernel_milliseconds() -> None:
+    from executorch.exir import EdgeCompileConfig, to_edge
+    from executorch.extension.pybindings.portable_lib import _load_for_executorch
+
+    _register_eager_and_fake()
+    head, hidden = SharedInt8Head(), torch.randn(1, HIDDEN)
+    program = to_edge(
+        torch.export.export(head, (hidden,)), compile_config=EdgeCompileConfig(_check_ir_validity=False)
+    ).to_executorch()
+    with tempfile.TemporaryDirectory() as scratch:
+        path = Path(scratch) / "head.pte"
+        path.write_bytes(program.buffer)
+        module = _load_for_executorch(str(path))
+        error = (module.forward((hidden,))[0] - head(hidden)).abs().max().item()
+        start = time.perf_counter()
+        for _ in range(REPEATS):
+            module.forward((hidden,))
+        milliseconds = (time.perf_counter() - start) / REPEATS * 1000
+    print(f"mixed_linear {VOCAB}x{HIDDEN}, one token: {milliseconds:.2f} ms (max abs error vs eager {error:.1e})")
+
+
+def _tag_every_constant(tag: str):
+    """A transform pass marking all program inputs but the two token inputs as XNNPACK external data."""
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    def tag_constants(graph_module):
+        for node in graph_module.graph.nodes:
+            if node.op == "placeholder" and node.name not in ("input_ids", "cache_position"):
+                node.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
+        return PassResult(graph_module, True)
+
+    return tag_constants
+
+
+def two_file_layout(scratch: Path) -> None:
+    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.runtime import Runtime
+    from transformers import LlamaForCausalLM
+
+    from benchmarks.models import build_smollm2_shaped, smollm2_135m_config
+    from hub_export import lower, quantize
+    from hub_export.runtime import _load_kernels
+    from hub_export.wrap import ExportableDecoder, export_program
+
+    config = smollm2_135m_config()
+    config.num_hidden_layers = 1
+    torch.manual_seed(0)
+    model = LlamaForCausalLM(config).eval()
+    quantize.quantize_model(model, "8da8w", "8w", 32)
+    metadata = lower.runner_metadata(max_seq_len=64, bos_id=1, eos_ids=[2], vocab_size=config.vocab_size, dynamic_shape=True)
+
+    single = scratch / "single.pte"
+    lower.to_pte(export_program(ExportableDecoder(model, 64)), metadata, single)
+
+    program = export_program(ExportableDecoder(model, 64))
+    lower.inferred_reshapes(program)
+    with lower.compact_dependency_viewers(), lower.skipping_idle_xnnpack_passes():
+        edge = to_edge_transform_and_lower(
+            program,
+            transform_passes=[_tag_every_constant("model")],
+            partitioner=[lower.partitioner()],
+            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+            constant_methods=metadata,
+        )
+    executorch_program = edge.to_executorch(
+        ExecutorchBackendConfig(
+            extract_delegate_segments=True,
+            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+            do_quant_fusion_and_const_prop=True,
+            external_constants=lambda node: "model",
+        )
+    )
+    pte, ptd = scratch / "model.pte", scratch / "model.ptd"
+    with open(pte, "wb") as handle:
+        executorch_program.write_to_file(handle)
+    executorch_program.write_tensor_data_to_file(str(scratch))
+
+    _load_kernels()
+    ids, positions = torch.tensor([[1, 5, 9, 200]]), torch.arange(4)
+    two = Runtime.get().load_program(str(pte), data_path=str(ptd)).load_method("forward").execute([ids, positions])[0]
+    one = Runtime.get().load_program(str(single)).load_method("forward").execute([ids, positions])[0]
+    tokenizer = build_smollm2_shaped(ROOT / "work" / "model") / "tokenizer.json"
+    from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+
+    texts = []
+    for args in ((str(single), str(tokenizer)), (str(pte), str(tokenizer), str(ptd))):
+        pieces: list[str] = []
+        TextLLMRunner(*args).generate(
+            "Once upon a time", GenerationConfig(max_new_tokens=8, temperature=0.0, echo=False),
+            token_callback=pieces.append,
+        )
+        texts.append("".join(pieces))
+    mb = lambda path: path.stat().st_size / 1e6  # noqa: E731
+    print(
+        f"1-layer SmolLM2-shaped 8da8w, 8-bit tied embeddings: one file {mb(single):.2f} MB; "
+        f"two files {mb(pte):.2f} MB .pte + {mb(ptd):.2f} MB .ptd = {mb(pte) + mb(ptd):.2f} MB; "
+        f"max |logit difference| {(two - one).abs().max().item():.1e}; "
+        f"TextLLMRunner text identical: {texts[0] == texts[1]}"
+    )
+
+
+def main() -> None:
+    stock_kernel_milliseconds()
+    with tempfile.TemporaryDirectory() as scratch:
+        two_file_layout(Path(scratch))
+
+
+if __name__ == "__main__":
+    main()
