@@ -289,6 +289,9 @@ def markdown(result: dict) -> str:
         f"Eager fp32 transformers: prefill {result['eager_fp32']['prefill_tokens_per_s']} tok/s, "
         f"decode {result['eager_fp32']['decode_tokens_per_s']} tok/s.",
         "",
+        "Export s is each variant's own time in the all-variants run, where worker processes "
+        "build several at once, so the times overlap.",
+        "",
         "| variant | export s | size MB | implied MB | size/implied | prefill tok/s | decode tok/s | decode vs eager "
         "| runtime vs eager (rel. L2) | quantization vs fp32 (rel. L2) |",
         "|---|---|---|---|---|---|---|---|---|---|",
