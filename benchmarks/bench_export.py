@@ -48,7 +48,7 @@ def _prompt_of_exactly(tokenizer_json: Path, n_tokens: int) -> str:
     return text
 
 
-def implied_size_bytes(config, qmode: str, qembedding: str | None, group_size: int) -> int:
+def implied_size_bytes(config, qmode: str, qembedding: str | None, group_size: int, shared: bool = False) -> int:
     """Bytes the weights need at their bit widths, plus their scales.
 
     Linear layers (including a tied output projection, which is a separate quantized
@@ -63,7 +63,8 @@ def implied_size_bytes(config, qmode: str, qembedding: str | None, group_size: i
     head_dim = h // config.num_attention_heads
     kv = config.num_key_value_heads * head_dim
     linear_shapes = [(h, h), (kv, h), (kv, h), (h, h), (inter, h), (inter, h), (h, inter)] * layers
-    linear_shapes.append((config.vocab_size, h))  # lm_head
+    if not shared:  # --share-embeddings: the output projection is the embedding table
+        linear_shapes.append((config.vocab_size, h))  # lm_head
     mode = QMODES[qmode]
 
     def quantized(out_f: int, in_f: int, bits: int, grouped: bool) -> float:
@@ -165,7 +166,9 @@ class TreeMemory(threading.Thread):
             self.peak = max(self.peak, sum(_pss_bytes(p) for p in _descendants(self.pid)))
 
 
-def export_variants(model_dir: Path, out: Path, qmodes: list[str], qembedding: str | None, max_seq_len: int) -> dict:
+def export_variants(
+    model_dir: Path, out: Path, qmodes: list[str], qembedding: str | None, max_seq_len: int, share: bool = False
+) -> dict:
     """Run the export in a child process so its memory is measured alone.
 
     ``peak_rss_mb`` is the exporting process's own peak; ``peak_tree_pss_mb`` is the
@@ -178,6 +181,8 @@ def export_variants(model_dir: Path, out: Path, qmodes: list[str], qembedding: s
         cmd += ["--qmode", mode]
     if qembedding:
         cmd += ["--qembedding", qembedding]
+    if share:
+        cmd.append("--share-embeddings")
     start = time.perf_counter()
     child = subprocess.Popen(cmd)
     memory = TreeMemory(child.pid)
@@ -206,6 +211,7 @@ def main() -> None:
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path, default=ROOT / "work")
     parser.add_argument("--name", default="smollm2-135m-shaped")
+    parser.add_argument("--share-embeddings", action="store_true", help="export with --share-embeddings (.pte + .ptd)")
     args = parser.parse_args()
     qmodes = args.qmode or ["8da4w", "8da8w", "4w", "8w", "fp32"]
     warnings.filterwarnings("ignore")
@@ -220,16 +226,17 @@ def main() -> None:
 
     # One variant alone (the figure to compare with a one-variant peer export), then all
     # of them in one run (downloaded once; built in parallel worker processes where cores and memory allow).
-    single = export_variants(model_dir, args.work / "export-single", qmodes[:1], args.qembedding, args.max_seq_len)
+    share = args.share_embeddings
+    single = export_variants(model_dir, args.work / "export-single", qmodes[:1], args.qembedding, args.max_seq_len, share)
     out = args.work / "export"
-    cost = export_variants(model_dir, out, qmodes, args.qembedding, args.max_seq_len)
+    cost = export_variants(model_dir, out, qmodes, args.qembedding, args.max_seq_len, share)
     manifest = Manifest.read(out)
     prompt = _prompt_of_exactly(model_dir / "tokenizer.json", PROMPT_TOKENS)
     eager = eager_speed(model_dir, prompt)
 
     rows = []
     for variant in manifest.variants:
-        implied = implied_size_bytes(config, variant.qmode, variant.qembedding, args.group_size)
+        implied = implied_size_bytes(config, variant.qmode, variant.qembedding, args.group_size, share)
         speed = runner_speed(out / variant.file, model_dir / "tokenizer.json", prompt, args.repeats)
         rows.append(
             {
@@ -237,9 +244,9 @@ def main() -> None:
                 "qmode": variant.qmode,
                 "qembedding": variant.qembedding,
                 "export_seconds": variant.export_seconds,
-                "size_mb": round(variant.size_bytes / 1e6, 2),
+                "size_mb": round(variant.total_bytes / 1e6, 2),
                 "implied_size_mb": round(implied / 1e6, 2),
-                "size_vs_implied": round(variant.size_bytes / implied, 4),
+                "size_vs_implied": round(variant.total_bytes / implied, 4),
                 "verified": variant.verification.get("passed"),
                 "runtime_vs_eager_rel_l2": variant.verification.get("relative_l2"),
                 "quant_vs_fp32_rel_l2": variant.verification.get("quant_relative_l2_vs_fp32"),

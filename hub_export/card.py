@@ -153,10 +153,11 @@ def _variant_view(variant: Variant) -> dict[str, Any]:
     skipped = bool(check.get("skipped"))
     return {
         "file": variant.file,
+        "data_file": variant.data_file,
         "qmode": variant.qmode,
         "qembedding": variant.qembedding or "none",
         "group_size": variant.group_size,
-        "size": human_size(variant.size_bytes),
+        "size": human_size(variant.total_bytes),
         "max_seq_len": variant.max_seq_len,
         "sha256": variant.sha256,
         "eos_ids": list(variant.metadata.get("get_eos_ids", [])),

@@ -66,7 +66,7 @@ def variants_table(manifest) -> Table:
     for column in ("variant", "size", "verification", "time"):
         table.add_column(column, justify="left" if column in ("variant", "verification") else "right")
     for v in manifest.variants:
-        table.add_row(v.file, human_size(v.size_bytes), verification_summary(v.verification), f"{v.export_seconds:.0f} s")
+        table.add_row(v.file, human_size(v.total_bytes), verification_summary(v.verification), f"{v.export_seconds:.0f} s")
     return table
 
 
@@ -79,6 +79,10 @@ def verification_summary(check: dict) -> str:
     )
 
 
+SHARE_HELP = (
+    "Store a tied embedding table once: each variant becomes a .pte plus a .ptd data file "
+    "(needs --qembedding 8w; qmodes 8da4w, 8da8w, 8w)."
+)
 JOBS_HELP = "Variants to build at once, each in its own process (default: as many as cores and memory allow)."
 QMODE_HELP = "Quantization of linear layers; repeat for several variants: fp32, 8da4w, 8da8w (4w, 8w: see docs)."
 
@@ -104,6 +108,7 @@ def export(
     allow_pickle: bool = typer.Option(False, help="Allow pickle (*.bin) weights, which can run code when loaded."),
     verify: bool = typer.Option(True, help="Verify each .pte against the eager model and in TextLLMRunner."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help=JOBS_HELP, show_default=False),
+    share_embeddings: bool = typer.Option(False, "--share-embeddings", help=SHARE_HELP),
     overwrite: bool = typer.Option(False, help="Replace a non-empty output folder."),
 ):
     """Export a causal LM to verified ExecuTorch .pte variants (one per --qmode)."""
@@ -121,6 +126,7 @@ def export(
             max_seq_len=max_seq_len,
             verify=verify,
             jobs=jobs,
+            share_embeddings=share_embeddings,
             revision=revision,
             token=token,
             endpoint=endpoint,
@@ -242,6 +248,7 @@ def push_command(
     group_size: Optional[int] = typer.Option(None, help="Group size for grouped int4 weights (default 32)."),
     max_seq_len: Optional[int] = typer.Option(None, help="KV cache length (prompt + generation)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help=JOBS_HELP, show_default=False),
+    share_embeddings: bool = typer.Option(False, "--share-embeddings", help=SHARE_HELP),
     revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the SOURCE repo to export."),
     branch: Optional[str] = typer.Option(None, help="Target branch to push to (created from main if missing)."),
     private: bool = typer.Option(False, help="Create the repo private (new repos only)."),
@@ -273,6 +280,7 @@ def push_command(
             group_size=group_size,
             max_seq_len=max_seq_len,
             jobs=jobs,
+            share_embeddings=share_embeddings,
             revision=revision,
             trust_remote_code=trust_remote_code,
             allow_pickle=allow_pickle,
@@ -325,7 +333,7 @@ def ls_command(
         table.add_row(
             v.file,
             v.qmode + (f"+emb{v.qembedding}" if v.qembedding else ""),
-            human_size(v.size_bytes),
+            human_size(v.total_bytes),
             str(v.max_seq_len),
             verified,
             f"{speed:.0f}" if speed else "-",

@@ -51,12 +51,21 @@ class ExportOptions:
     max_seq_len: int | None = None
     verify: bool = True
     jobs: int | None = None  # variants built at once; None: as many as cores and memory allow
+    share_embeddings: bool = False  # tied table stored once, in a .ptd data file per variant
 
     def validate(self) -> None:
         if not self.qmodes:
             raise InputError("give at least one --qmode")
         if self.jobs is not None and self.jobs < 1:
             raise InputError(f"--jobs must be at least 1 (got {self.jobs})")
+        if self.share_embeddings:
+            others = [mode for mode in self.qmodes if mode not in quantize.SHAREABLE_QMODES]
+            if self.qembedding != "8w" or others:
+                raise InputError(
+                    "--share-embeddings needs --qembedding 8w and qmodes among "
+                    f"{', '.join(quantize.SHAREABLE_QMODES)} (the output projection must be 8-bit per row like the "
+                    f"table){'; drop ' + ', '.join(others) if others else ''}"
+                )
         quantize.validate(list(self.qmodes), self.qembedding, self.group_size)
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise InputError(f"--max-seq-len must be at least 2 (got {self.max_seq_len})")
@@ -206,7 +215,7 @@ def _export_variant(run: _Run, qmode: str, last: bool = False) -> Variant:
     started = time.perf_counter()
     run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})")
     model = weight_sharing_copy(run.model)
-    fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size)
+    fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings)
     expected = expected_logits(model, run.reference) if run.reference is not None else None
     if last and shared_fraction(model, run.model) < 0.1:
         # No later variant needs the fp32 weights: free them before lowering. The
@@ -228,7 +237,8 @@ def _export_variant(run: _Run, qmode: str, last: bool = False) -> Variant:
     )
     run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)")
     path = run.workdir / name
-    to_pte(program, metadata, path)
+    data_path = path.with_suffix(".ptd") if opts.share_embeddings else None
+    to_pte(program, metadata, path, data_path)
     del program, model
     if last:
         run.model = None
@@ -255,6 +265,9 @@ def _export_variant(run: _Run, qmode: str, last: bool = False) -> Variant:
         verification=verification,
         export_seconds=round(seconds, 2),
         per_channel_fallback=fallback,
+        data_file=data_path.name if data_path else None,
+        data_size_bytes=data_path.stat().st_size if data_path else None,
+        data_sha256=sha256_file(data_path) if data_path else None,
     )
 
 
@@ -298,6 +311,7 @@ def export(
     max_seq_len: int | None = None,
     verify: bool = True,
     jobs: int | None = None,
+    share_embeddings: bool = False,
     revision: str | None = None,
     token: str | None = None,
     endpoint: str | None = None,
@@ -312,13 +326,16 @@ def export(
 
     ``jobs`` is how many variants are built at once, each in its own process; by
     default as many as there are cores and memory for (one when there is one variant).
+    ``share_embeddings`` stores a tied embedding table once: each variant becomes a
+    ``.pte`` plus a ``.ptd`` data file holding its weights (see
+    :func:`hub_export.quantize.quantize_model`).
 
     Example:
         >>> manifest = export("HuggingFaceTB/SmolLM2-135M", "out", qmodes=["8da4w", "fp32"], max_seq_len=256)
         >>> [v.file for v in manifest.variants]
         ['model-8da4w.pte', 'model-fp32.pte']
     """
-    options = ExportOptions(qmodes, qembedding, group_size, max_seq_len, verify, jobs)
+    options = ExportOptions(qmodes, qembedding, group_size, max_seq_len, verify, jobs, share_embeddings)
     options.validate()
     say = progress or (lambda message: log.info(message))
     output_dir = Path(output_dir)
@@ -327,6 +344,11 @@ def export(
     def precheck(config: dict) -> None:
         resolved_len["value"] = resolve_max_seq_len(config, options.max_seq_len)
         archs.check_config(_ConfigView(config), resolved_len["value"])
+        if options.share_embeddings and not _ConfigView(config).tie_word_embeddings:
+            raise InputError(
+                f"{source} does not tie its input and output embeddings, so --share-embeddings has nothing to share; "
+                "drop the flag"
+            )
 
     say(f"resolving {source}")
     src = source_stage.resolve(
@@ -398,6 +420,8 @@ def _default_command(source: str, options: ExportOptions, revision: str | None) 
         parts += ["--group-size", str(options.group_size)]
     if options.max_seq_len:
         parts += ["--max-seq-len", str(options.max_seq_len)]
+    if options.share_embeddings:
+        parts.append("--share-embeddings")
     return shlex.join(parts)
 
 

@@ -299,12 +299,35 @@ def partitioner():
     return XnnpackPartitioner(configs=[weight_only if c is LinearConfig else c for c in ALL_PARTITIONER_CONFIGS])
 
 
-def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path: Path) -> int:
+def _tag_weights_external(tag: str):
+    """A transform pass that sends XNNPACK's weights to the data file named ``tag``."""
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    def tag_weights(graph_module: torch.fx.GraphModule) -> PassResult:
+        for node in graph_module.graph.nodes:
+            if node.op == "placeholder" and node.name not in ("input_ids", "cache_position"):
+                node.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
+        return PassResult(graph_module, True)
+
+    return tag_weights
+
+
+def to_pte(
+    program: torch.export.ExportedProgram, metadata: dict[str, Any], path: Path, data_path: Path | None = None
+) -> int:
     """Partition to XNNPACK, plan memory and write the ``.pte`` to ``path``; returns its size.
 
     ``do_quant_fusion_and_const_prop`` folds torchao's weight-only dequantize patterns
     (e.g. quantized embeddings) into ops the runtime has kernels for.
+
+    With ``data_path`` (a ``.ptd`` next to ``path``) every weight, the program's and
+    XNNPACK's alike, goes to that data file, where ExecuTorch stores byte-identical
+    buffers once: a tied embedding table and an output projection quantized the same
+    way are kept once (``benchmarks/shared_embedding.py``).
     """
+    if data_path is not None and data_path.parent != path.parent:
+        raise ValueError("the data file must sit next to the .pte")
+    tag = data_path.stem if data_path is not None else None
     from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
@@ -314,6 +337,7 @@ def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path
         with compact_dependency_viewers(), skipping_idle_xnnpack_passes():
             edge = to_edge_transform_and_lower(
                 program,
+                transform_passes=[_tag_weights_external(tag)] if tag else None,
                 partitioner=[partitioner()],
                 compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
                 constant_methods=metadata,
@@ -323,11 +347,16 @@ def to_pte(program: torch.export.ExportedProgram, metadata: dict[str, Any], path
                 extract_delegate_segments=True,
                 memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
                 do_quant_fusion_and_const_prop=True,
+                external_constants=(lambda node: tag) if tag else False,
             )
         )
         del edge
         with open(path, "wb") as handle:
             executorch_program.write_to_file(handle)
+        if tag:
+            executorch_program.write_tensor_data_to_file(str(path.parent))
+            if not data_path.is_file():
+                raise RuntimeError(f"ExecuTorch wrote no {data_path.name}")
         del executorch_program
     return path.stat().st_size
 

@@ -34,6 +34,22 @@ class Variant:
     verification: dict[str, Any]
     export_seconds: float
     per_channel_fallback: list[str] = field(default_factory=list)
+    # With --share-embeddings the weights live in a companion ``.ptd`` data file.
+    data_file: str | None = None
+    data_size_bytes: int | None = None
+    data_sha256: str | None = None
+
+    @property
+    def total_bytes(self) -> int:
+        """What a user downloads for this variant: the ``.pte`` and its data file."""
+        return self.size_bytes + (self.data_size_bytes or 0)
+
+    def files(self) -> list[tuple[str, str]]:
+        """``(file name, sha256)`` of every file of this variant."""
+        pairs = [(self.file, self.sha256)]
+        if self.data_file:
+            pairs.append((self.data_file, self.data_sha256 or ""))
+        return pairs
 
 
 @dataclass

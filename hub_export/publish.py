@@ -293,21 +293,22 @@ def _check_folder(folder: Path, manifest: Manifest) -> None:
     if not manifest.variants:
         raise InputError(f"{folder.name}/{MANIFEST_NAME} lists no variant; export into it with `hub-export export`")
     for variant in manifest.variants:
-        path = folder / variant.file
-        if not path.is_file():
-            raise InputError(f"{folder.name}/ lacks {variant.file}, listed in its manifest; export again")
         check = variant.verification or {}
         if check.get("skipped") or not check.get("passed"):
             raise VerificationError(
                 f"{variant.file} was not verified (exported with --no-verify); export it again with verification "
                 "before publishing"
             )
-        actual = sha256_file(path)
-        if actual != variant.sha256:
-            raise VerificationError(
-                f"{folder.name}/{variant.file} has sha256 {actual}, but the manifest says {variant.sha256}; "
-                "the file changed after export: export again"
-            )
+        for name, expected in variant.files():
+            path = folder / name
+            if not path.is_file():
+                raise InputError(f"{folder.name}/ lacks {name}, listed in its manifest; export again")
+            actual = sha256_file(path)
+            if actual != expected:
+                raise VerificationError(
+                    f"{folder.name}/{name} has sha256 {actual}, but the manifest says {expected}; "
+                    "the file changed after export: export again"
+                )
     if not (folder / "tokenizer.json").is_file():
         raise InputError(f"{folder.name}/ has no tokenizer.json; the runners need it: export again")
 
@@ -384,7 +385,7 @@ def _merge(remote: Manifest | None, local: Manifest) -> Manifest:
 
 def _payload(folder: Path, local: Manifest, merged: Manifest, card_text: str) -> dict[str, Path | bytes]:
     """Path in repo -> content: this export's variants, the companion files, manifest and card."""
-    files: dict[str, Path | bytes] = {v.file: folder / v.file for v in local.variants}
+    files: dict[str, Path | bytes] = {name: folder / name for v in local.variants for name, _ in v.files()}
     for name in COMPANION_FILES:
         if (folder / name).is_file():
             files[name] = folder / name
@@ -428,6 +429,7 @@ def push(
     group_size: int | None = None,
     max_seq_len: int | None = None,
     jobs: int | None = None,
+    share_embeddings: bool = False,
     revision: str | None = None,
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
@@ -494,6 +496,7 @@ def push(
                 group_size=group_size,
                 max_seq_len=max_seq_len,
                 jobs=jobs,
+                share_embeddings=share_embeddings or None,
                 revision=revision,
                 trust_remote_code=trust_remote_code,
                 allow_pickle=allow_pickle,
@@ -699,7 +702,7 @@ def pull(
             folder = snapshot_download(
                 repo_id,
                 revision=commit,
-                allow_patterns=[chosen.file, MANIFEST_NAME, *COMPANION_FILES],
+                allow_patterns=[*(name for name, _ in chosen.files()), MANIFEST_NAME, *COMPANION_FILES],
                 local_dir=local_dir,
                 endpoint=endpoint,
                 token=token,
@@ -711,20 +714,21 @@ def pull(
                 f"{chosen.file} from {repo_id} arrived with the wrong size; the repo or the download is corrupt: retry"
             ) from None
     folder = Path(folder)
-    _check_download(folder / chosen.file, chosen, repo_id)
+    for name, expected in chosen.files():
+        _check_download(folder / name, expected, repo_id)
     return folder
 
 
-def _check_download(path: Path, variant: Variant, repo_id: str) -> None:
-    """Compare a downloaded ``.pte`` with the manifest; remove it (and its cache blob) on mismatch."""
+def _check_download(path: Path, expected_sha256: str, repo_id: str) -> None:
+    """Compare a downloaded variant file with the manifest; remove it (and its cache blob) on mismatch."""
     if not path.is_file():
-        raise HubError(f"{repo_id} lists {variant.file} in its manifest but the file is missing from the repo")
+        raise HubError(f"{repo_id} lists {path.name} in its manifest but the file is missing from the repo")
     actual = sha256_file(path)
-    if actual == variant.sha256:
+    if actual == expected_sha256:
         return
     _remove_download(path)
     raise VerificationError(
-        f"sha256 mismatch for {variant.file} from {repo_id}: got {actual}, the manifest says {variant.sha256}; "
+        f"sha256 mismatch for {path.name} from {repo_id}: got {actual}, the manifest says {expected_sha256}; "
         "the file was removed: the repo content is corrupt or was altered, do not use it"
     )
 

@@ -57,6 +57,10 @@ def _is_linear(module) -> bool:
     return isinstance(module, nn.Linear)
 
 
+def _kept(module, exclude: tuple) -> bool:
+    return all(module is not other for other in exclude)
+
+
 def _is_embedding(module) -> bool:
     from torch import nn
 
@@ -98,8 +102,10 @@ def _granularity(grouped: bool, group_size: int):
     return PerGroup(group_size) if grouped else PerAxis(0)
 
 
-def quantize_linears(model: "nn.Module", qmode: str, group_size: int = DEFAULT_GROUP_SIZE) -> list[str]:
-    """Quantize every ``nn.Linear`` of ``model`` in place.
+def quantize_linears(
+    model: "nn.Module", qmode: str, group_size: int = DEFAULT_GROUP_SIZE, exclude: tuple = ()
+) -> list[str]:
+    """Quantize every ``nn.Linear`` of ``model`` but those in ``exclude``, in place.
 
     Layers whose input width ``group_size`` does not divide fall back to per-channel
     quantization (with a warning); their names are returned.
@@ -114,7 +120,7 @@ def quantize_linears(model: "nn.Module", qmode: str, group_size: int = DEFAULT_G
         fallback = [
             name
             for name, module in model.named_modules()
-            if _is_linear(module) and module.in_features % group_size
+            if _is_linear(module) and module.in_features % group_size and _kept(module, exclude)
         ]
         if fallback:
             log.warning(
@@ -128,7 +134,7 @@ def quantize_linears(model: "nn.Module", qmode: str, group_size: int = DEFAULT_G
     fallback_set = set(fallback)
 
     def grouped(module, fqn):
-        return _is_linear(module) and fqn not in fallback_set
+        return _is_linear(module) and fqn not in fallback_set and _kept(module, exclude)
 
     def per_channel(module, fqn):
         return _is_linear(module) and fqn in fallback_set
@@ -153,17 +159,38 @@ def quantize_embeddings(model: "nn.Module", qembedding: str | None) -> None:
     quantize_(model, config, filter_fn=lambda module, fqn: _is_embedding(module))
 
 
+# qmodes whose output projection can be the 8-bit embedding table's bytes (see quantize_model)
+SHAREABLE_QMODES = ("8da4w", "8da8w", "8w")
+
+
 def quantize_model(
-    model: "nn.Module", qmode: str, qembedding: str | None = None, group_size: int = DEFAULT_GROUP_SIZE
+    model: "nn.Module",
+    qmode: str,
+    qembedding: str | None = None,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    share_embeddings: bool = False,
 ) -> list[str]:
     """Apply ``qembedding`` then ``qmode`` to ``model`` in place; returns per-channel fallbacks.
 
     The embedding goes first so that, when input and output embeddings are tied, each
     one gets its own recipe instead of the second quantization seeing the first's
     already-quantized tensor.
+
+    ``share_embeddings`` (tied embeddings, ``qembedding="8w"``, a qmode in
+    :data:`SHAREABLE_QMODES`): the output projection is quantized int8 per row, the
+    embedding table's recipe, so both hold the same bytes and a two-file export stores
+    them once (8da4w's projection becomes 8da8w).
     """
     quantize_embeddings(model, qembedding)
-    return quantize_linears(model, qmode, group_size)
+    if not share_embeddings:
+        return quantize_linears(model, qmode, group_size)
+    from torchao.quantization import quantize_
+
+    head = model.get_output_embeddings()
+    if QMODES[qmode].weight_bits == 8:
+        return quantize_linears(model, qmode, group_size)
+    quantize_(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=lambda module, fqn: module is head)
+    return quantize_linears(model, qmode, group_size, exclude=(head,))
 
 
 def validate(qmodes: list[str], qembedding: str | None, group_size: int) -> None:

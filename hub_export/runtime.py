@@ -50,14 +50,18 @@ class PteModel:
         >>> logits = model.forward(torch.tensor([[1, 2, 3]]), start_pos=0)
     """
 
-    def __init__(self, path: str | Path):
+    def __init__(self, path: str | Path, data_path: str | Path | None = None):
         _load_kernels()
         from executorch.runtime import Runtime
 
         self.path = Path(path)
+        if data_path is None:
+            data_path = data_file_of(self.path)
         try:
             with quiet_native_output():
-                self.program = Runtime.get().load_program(str(self.path))
+                self.program = Runtime.get().load_program(
+                    str(self.path), data_path=str(data_path) if data_path else None
+                )
                 self.method = self.program.load_method("forward")
         except (RuntimeError, ValueError) as error:
             raise VerificationError(f"{self.path.name} cannot be loaded by the ExecuTorch runtime ({error})") from None
@@ -81,6 +85,12 @@ class PteModel:
         return output.reshape(-1, output.shape[-1])[-1]
 
 
+def data_file_of(pte: Path) -> Path | None:
+    """The ``.ptd`` data file exported next to ``pte`` (``--share-embeddings``), if any."""
+    candidate = Path(pte).with_suffix(".ptd")
+    return candidate if candidate.is_file() else None
+
+
 def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens: int) -> dict:
     """Generate greedily with ExecuTorch's C++ ``TextLLMRunner``; returns its stats.
 
@@ -92,7 +102,8 @@ def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens
         _load_kernels()
         from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
-        runner = TextLLMRunner(str(pte), str(tokenizer_json))
+        data = data_file_of(pte)
+        runner = TextLLMRunner(str(pte), str(tokenizer_json), str(data) if data else None)
         runner.generate(
             prompt,
             GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False),

@@ -345,7 +345,7 @@ def variant_rows(manifest: Manifest, this_job: list[str]) -> list[list[Any]]:
             [
                 variant.file,
                 "yes" if variant.file in this_job else "",
-                human_size(variant.size_bytes),
+                human_size(variant.total_bytes),
                 f"{variant.max_seq_len} tokens",
                 verified,
                 _figure(check.get("max_abs_diff"), ".3g") + f" ({_figure(check.get('tolerance'), '.3g')})",
@@ -374,7 +374,7 @@ def card_markdown(text: str) -> str:
 def variant_choices(manifest: Manifest) -> list[tuple[str, str]]:
     """Dropdown entries: label with size and context, value the file name (what ``pull`` takes)."""
     return [
-        (f"{v.file} · {human_size(v.size_bytes)} · {v.max_seq_len} tokens", v.file) for v in manifest.variants
+        (f"{v.file} · {human_size(v.total_bytes)} · {v.max_seq_len} tokens", v.file) for v in manifest.variants
     ]
 
 

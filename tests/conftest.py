@@ -32,3 +32,13 @@ def exported_multi(tmp_path_factory, tiny_model) -> Path:
     out = tmp_path_factory.mktemp("exports") / "tiny-multi"
     export(str(tiny_model), out, qmodes=["8da4w", "fp32"], qembedding="8w", max_seq_len=64, jobs=2)
     return out
+
+
+@pytest.fixture(scope="session")
+def exported_shared(tmp_path_factory, tiny_model) -> Path:
+    """``tiny_model`` (tied embeddings) exported 8da8w with 8-bit embeddings stored once: ``.pte`` + ``.ptd``."""
+    from hub_export.export import export
+
+    out = tmp_path_factory.mktemp("exports") / "tiny-shared"
+    export(str(tiny_model), out, qmodes=["8da8w"], qembedding="8w", max_seq_len=64, share_embeddings=True)
+    return out

@@ -176,6 +176,59 @@ def test_weight_only_4w_and_8w_match_eager_and_shrink_the_file(biased_model, tmp
     assert saved_by_4w == pytest.approx(0.5 * linear_weights, rel=0.1)
 
 
+# --- tied embeddings stored once (--share-embeddings) -------------------------------------
+
+
+def test_shared_embeddings_store_the_tied_table_once(exported_shared, tiny_model, tmp_path):
+    from transformers import AutoConfig
+
+    from hub_export.export import export
+    from hub_export.generate import generate
+
+    shared = Manifest.read(exported_shared).variants[0]
+    assert shared.file == "model-8da8w-emb8w.pte" and shared.data_file == "model-8da8w-emb8w.ptd"
+    for name, digest in shared.files():
+        assert sha256_file(exported_shared / name) == digest
+    assert shared.data_size_bytes == (exported_shared / shared.data_file).stat().st_size
+    assert shared.verification["passed"] and shared.verification["runner_generated_tokens"] > 0
+    assert "--share-embeddings" in Manifest.read(exported_shared).command
+
+    single = export(str(tiny_model), tmp_path / "one-file", qmodes=["8da8w"], qembedding="8w", max_seq_len=64)
+    unshared = single.variants[0]
+    assert unshared.data_file is None
+    config = AutoConfig.from_pretrained(tiny_model)
+    table = config.vocab_size * config.hidden_size  # int8: one byte per entry
+    assert unshared.total_bytes - shared.total_bytes == pytest.approx(table, rel=0.05)
+
+    result = generate(exported_shared / shared.file, exported_shared, "Once upon", max_new_tokens=8)
+    assert result.generated_tokens > 0
+
+
+@pytest.mark.parametrize(
+    "args, message",
+    [
+        (["-q", "8da8w", "--qembedding", "4w"], "--share-embeddings needs --qembedding 8w"),
+        (["-q", "8da8w", "-q", "4w", "--qembedding", "8w"], "drop 4w"),
+    ],
+    ids=["4-bit table", "4w qmode"],
+)
+def test_share_embeddings_refuses_what_cannot_share(tiny_model, tmp_path, capsys, args, message):
+    out = tmp_path / "out"
+    code, _, err = run_cli(["export", str(tiny_model), "-o", str(out), "--share-embeddings", *args], capsys)
+    assert code == 2 and message in error_line(err)
+    assert not out.exists()
+
+
+def test_share_embeddings_refuses_an_untied_model(untied_odd_model, tmp_path, capsys):
+    out = tmp_path / "out"
+    code, _, err = run_cli(
+        ["export", str(untied_odd_model), "-o", str(out), "--share-embeddings", "-q", "8da8w", "--qembedding", "8w"],
+        capsys,
+    )
+    assert code == 2 and "does not tie its input and output embeddings" in error_line(err)
+    assert not out.exists()
+
+
 # --- verification catches a broken file ---------------------------------------------------
 
 
@@ -201,8 +254,8 @@ def test_failed_verification_fails_the_command_and_leaves_nothing(tiny_model, tm
 
     real_to_pte = lower_module.to_pte
 
-    def corrupting_to_pte(program, metadata, path):
-        size = real_to_pte(program, metadata, path)
+    def corrupting_to_pte(program, metadata, path, data_path=None):
+        size = real_to_pte(program, metadata, path, data_path)
         data = bytearray(path.read_bytes())
         data[len(data) // 2 : len(data) // 2 + 4096] = b"\xff" * 4096
         path.write_bytes(bytes(data))

@@ -394,6 +394,38 @@ def test_ls_generate_and_the_card_snippet_from_a_repo(
     assert printed.getvalue().startswith("Once upon a time")
 
 
+def test_shared_embeddings_variant_round_trips_with_its_data_file(
+    local_hub: LocalHubFixture, exported_shared: Path, tmp_path: Path
+) -> None:
+    repo_id = "alice/tiny-shared"
+    variant = Manifest.read(exported_shared).variants[0]
+    result = _push(local_hub, exported_shared, repo_id)
+    assert result.pushed
+    files = set(local_hub.api(local_hub.alice_token).list_repo_files(repo_id))
+    assert {variant.file, variant.data_file} <= files
+
+    folder = pull(repo_id, variant="8da8w", output_dir=tmp_path / "pulled", endpoint=local_hub.endpoint)
+    for name, digest in variant.files():
+        assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
+
+    generated = CliRunner().invoke(
+        app,
+        ["generate", repo_id, "--variant", "8da8w", "--prompt", "Once upon a time", "--max-new-tokens", "8",
+         "--endpoint", local_hub.endpoint],
+    )  # fmt: skip
+    assert generated.exit_code == 0, generated.output
+    assert re.search(r"generated \d+ tok", generated.stderr)
+
+    # The card names the data file and its Python snippet runs as published.
+    card = ModelCard.load(repo_id).text
+    assert variant.data_file in card
+    snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(snippet, "model-card-snippet", "exec"), {})
+    assert printed.getvalue().startswith("Once upon a time")
+
+
 def test_the_token_appears_nowhere(
     local_hub: LocalHubFixture, export_8da4w: Path, source_model: Path, tmp_path: Path, hf_isolated_env: Path
 ) -> None:
