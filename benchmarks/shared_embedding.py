@@ -9,12 +9,12 @@
    scalar loop; this times it on SmolLM2-135M's output projection (49152 x 576) for one
    token. Compare with a whole 8da4w decode step in ``benchmarks/results/`` (1 / decode
    tok/s).
-2. **Two files.** With every weight stored outside the program, in a ``.ptd`` data
-   file (program constants and XNNPACK's weights alike), ExecuTorch's named-data store
-   keeps byte-identical buffers once. With 8-bit embeddings and 8-bit per-channel
-   linears the embedding table and the output projection are the same bytes, so the
-   table is stored once. This exports a 1-layer SmolLM2-shaped 8da8w model both ways and
-   compares sizes, logits and ``TextLLMRunner`` output.
+2. **Two files** (what ``--share-embeddings`` writes). With every weight stored
+   outside the program, in a ``.ptd`` data file (program constants and XNNPACK's
+   weights alike), ExecuTorch's named-data store keeps byte-identical buffers once; an
+   8-bit embedding table and an output projection quantized int8 per row are the same
+   bytes. This exports a 1-layer SmolLM2-shaped 8da8w model both ways and compares
+   sizes, logits and ``TextLLMRunner`` output.
 """
 
 from __future__ import annotations
@@ -75,22 +75,7 @@ def stock_kernel_milliseconds() -> None:
     print(f"mixed_linear {VOCAB}x{HIDDEN}, one token: {milliseconds:.2f} ms (max abs error vs eager {error:.1e})")
 
 
-def _tag_every_constant(tag: str):
-    """A transform pass marking all program inputs but the two token inputs as XNNPACK external data."""
-    from torch.fx.passes.infra.pass_base import PassResult
-
-    def tag_constants(graph_module):
-        for node in graph_module.graph.nodes:
-            if node.op == "placeholder" and node.name not in ("input_ids", "cache_position"):
-                node.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
-        return PassResult(graph_module, True)
-
-    return tag_constants
-
-
 def two_file_layout(scratch: Path) -> None:
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
     from executorch.runtime import Runtime
     from transformers import LlamaForCausalLM
 
@@ -103,34 +88,14 @@ def two_file_layout(scratch: Path) -> None:
     config.num_hidden_layers = 1
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
-    quantize.quantize_model(model, "8da8w", "8w", 32)
+    quantize.quantize_model(model, "8da8w", "8w", 32, share_embeddings=True)
     metadata = lower.runner_metadata(max_seq_len=64, bos_id=1, eos_ids=[2], vocab_size=config.vocab_size, dynamic_shape=True)
 
     single = scratch / "single.pte"
     lower.to_pte(export_program(ExportableDecoder(model, 64)), metadata, single)
 
-    program = export_program(ExportableDecoder(model, 64))
-    lower.inferred_reshapes(program)
-    with lower.compact_dependency_viewers(), lower.skipping_idle_xnnpack_passes():
-        edge = to_edge_transform_and_lower(
-            program,
-            transform_passes=[_tag_every_constant("model")],
-            partitioner=[lower.partitioner()],
-            compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
-            constant_methods=metadata,
-        )
-    executorch_program = edge.to_executorch(
-        ExecutorchBackendConfig(
-            extract_delegate_segments=True,
-            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
-            do_quant_fusion_and_const_prop=True,
-            external_constants=lambda node: "model",
-        )
-    )
     pte, ptd = scratch / "model.pte", scratch / "model.ptd"
-    with open(pte, "wb") as handle:
-        executorch_program.write_to_file(handle)
-    executorch_program.write_tensor_data_to_file(str(scratch))
+    lower.to_pte(export_program(ExportableDecoder(model, 64)), metadata, pte, ptd)  # what --share-embeddings writes
 
     _load_kernels()
     ids, positions = torch.tensor([[1, 5, 9, 200]]), torch.arange(4)

@@ -77,6 +77,15 @@ def _push(hub: LocalHubFixture, folder: Path, repo_id: str, source_model: Path |
     )
 
 
+def _run_card_snippet(repo_id: str) -> str:
+    """Run the Python snippet of ``repo_id``'s model card as published; returns what it printed."""
+    snippet = re.search(r"```python\n(.*?)```", ModelCard.load(repo_id).text, re.S).group(1)
+    printed = io.StringIO()
+    with contextlib.redirect_stdout(printed):
+        exec(compile(snippet, "model-card-snippet", "exec"), {})
+    return printed.getvalue()
+
+
 def _commits(hub: LocalHubFixture, repo_id: str, revision: str | None = None) -> list:
     return hub.api(hub.alice_token).list_repo_commits(repo_id, revision=revision)
 
@@ -386,12 +395,7 @@ def test_ls_generate_and_the_card_snippet_from_a_repo(
     assert re.search(r"prefill [\d.]+ tok/s; generated \d+ tok, decode [\d.]+ tok/s", result.stderr)
 
     # The card's Python snippet is runnable as published.
-    card = ModelCard.load(repo_id).text
-    snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(compile(snippet, "model-card-snippet", "exec"), {})
-    assert printed.getvalue().startswith("Once upon a time")
+    assert _run_card_snippet(repo_id).startswith("Once upon a time")
 
 
 def test_shared_embeddings_variant_round_trips_with_its_data_file(
@@ -417,13 +421,8 @@ def test_shared_embeddings_variant_round_trips_with_its_data_file(
     assert re.search(r"generated \d+ tok", generated.stderr)
 
     # The card names the data file and its Python snippet runs as published.
-    card = ModelCard.load(repo_id).text
-    assert variant.data_file in card
-    snippet = re.search(r"```python\n(.*?)```", card, re.S).group(1)
-    printed = io.StringIO()
-    with contextlib.redirect_stdout(printed):
-        exec(compile(snippet, "model-card-snippet", "exec"), {})
-    assert printed.getvalue().startswith("Once upon a time")
+    assert variant.data_file in ModelCard.load(repo_id).text
+    assert _run_card_snippet(repo_id).startswith("Once upon a time")
 
 
 def test_the_token_appears_nowhere(
