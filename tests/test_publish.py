@@ -77,6 +77,17 @@ def _push(hub: LocalHubFixture, folder: Path, repo_id: str, source_model: Path |
     )
 
 
+def _generate_from_repo(hub: LocalHubFixture, repo_id: str, variant: str):
+    """``hub-export generate REPO --variant V`` (8 tokens); asserts it succeeded."""
+    result = CliRunner().invoke(
+        app,
+        ["generate", repo_id, "--variant", variant, "--prompt", "Once upon a time", "--max-new-tokens", "8",
+         "--endpoint", hub.endpoint],
+    )  # fmt: skip
+    assert result.exit_code == 0, result.output
+    return result
+
+
 def _run_card_snippet(repo_id: str) -> str:
     """Run the Python snippet of ``repo_id``'s model card as published; returns what it printed."""
     snippet = re.search(r"```python\n(.*?)```", ModelCard.load(repo_id).text, re.S).group(1)
@@ -385,12 +396,7 @@ def test_ls_generate_and_the_card_snippet_from_a_repo(
     code, listing = _cli("ls", repo_id, "--endpoint", local_hub.endpoint)
     assert code == 0 and "model-8da4w.pte" in listing and "8da4w" in listing and "diff 0.0" in listing
 
-    result = CliRunner().invoke(
-        app,
-        ["generate", repo_id, "--variant", "8da4w", "--prompt", "Once upon a time", "--max-new-tokens", "8",
-         "--endpoint", local_hub.endpoint],
-    )  # fmt: skip
-    assert result.exit_code == 0, result.output
+    result = _generate_from_repo(local_hub, repo_id, "8da4w")
     assert result.stdout.strip()  # the generated text
     assert re.search(r"prefill [\d.]+ tok/s; generated \d+ tok, decode [\d.]+ tok/s", result.stderr)
 
@@ -412,12 +418,7 @@ def test_shared_embeddings_variant_round_trips_with_its_data_file(
     for name, digest in variant.files():
         assert hashlib.sha256((folder / name).read_bytes()).hexdigest() == digest
 
-    generated = CliRunner().invoke(
-        app,
-        ["generate", repo_id, "--variant", "8da8w", "--prompt", "Once upon a time", "--max-new-tokens", "8",
-         "--endpoint", local_hub.endpoint],
-    )  # fmt: skip
-    assert generated.exit_code == 0, generated.output
+    generated = _generate_from_repo(local_hub, repo_id, "8da8w")
     assert re.search(r"generated \d+ tok", generated.stderr)
 
     # The card names the data file and its Python snippet runs as published.
