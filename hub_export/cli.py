@@ -2,11 +2,9 @@
 
 from __future__ import annotations
 
-import logging
 import os
 import sys
 import time
-import warnings
 from contextlib import contextmanager
 from pathlib import Path
 from typing import List, Optional
@@ -18,6 +16,7 @@ from rich.table import Table
 
 from .card import human_size
 from .errors import HubExportError
+from .quiet import quiet_libraries, quiet_torch
 
 app = typer.Typer(
     help="Export Hugging Face causal LMs to verified ExecuTorch .pte files and publish them to the Hub.",
@@ -27,25 +26,6 @@ app = typer.Typer(
 )
 err = Console(stderr=True, highlight=False)
 out = Console(highlight=False)
-
-
-def _quiet_libraries() -> None:
-    # Export and lowering emit hundreds of framework warnings that say nothing to a user.
-    warnings.filterwarnings("ignore")
-    for name in ("torch", "torchao", "executorch", "transformers", "httpx", "huggingface_hub"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    os.environ.setdefault("TRANSFORMERS_VERBOSITY", "error")
-    os.environ.setdefault("TORCH_CPP_LOG_LEVEL", "ERROR")
-
-
-def _quiet_torch() -> None:
-    # torch installs its own log handlers at import; quieten them once it is loaded.
-    import torch._logging
-    import transformers.utils.logging as transformers_logging
-
-    torch._logging.set_logs(all=logging.ERROR)
-    transformers_logging.disable_progress_bar()
-    transformers_logging.set_verbosity_error()
 
 
 @contextmanager
@@ -112,7 +92,7 @@ def export(
     overwrite: bool = typer.Option(False, help="Replace a non-empty output folder."),
 ):
     """Export a causal LM to verified ExecuTorch .pte variants (one per --qmode)."""
-    _quiet_torch()
+    quiet_torch()
     from .export import export as run_export
 
     started = time.perf_counter()
@@ -169,7 +149,7 @@ def generate(
     token: Optional[str] = typer.Option(None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False),
 ):
     """Stream text from an exported model and report prefill/decode tokens/s."""
-    _quiet_torch()
+    quiet_torch()
     from .generate import generate as run_generate
 
     path = Path(target)
@@ -268,7 +248,7 @@ def push_command(
     if from_dir is not None and source is not None and repo_id is None:
         source, repo_id = None, source  # `push --from DIR REPO_ID`
     if source is not None:
-        _quiet_torch()
+        quiet_torch()
     with _stages(f"pushing {source or from_dir}") as say:
         result = push(
             source,
@@ -392,7 +372,7 @@ def _first_line(error: BaseException) -> str:
 
 def main() -> None:
     """Console entry point: one-line errors, exit codes from the error type."""
-    _quiet_libraries()
+    quiet_libraries()
     _mount_subcommands()
     try:
         app(standalone_mode=False)

@@ -496,7 +496,7 @@ def push(
                 group_size=group_size,
                 max_seq_len=max_seq_len,
                 jobs=jobs,
-                share_embeddings=share_embeddings or None,
+                share_embeddings=share_embeddings,
                 revision=revision,
                 trust_remote_code=trust_remote_code,
                 allow_pickle=allow_pickle,

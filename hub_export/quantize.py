@@ -182,13 +182,11 @@ def quantize_model(
     them once (8da4w's projection becomes 8da8w).
     """
     quantize_embeddings(model, qembedding)
-    if not share_embeddings:
+    if not share_embeddings or QMODES[qmode].weight_bits == 8:  # 8-bit per-channel heads already match the table
         return quantize_linears(model, qmode, group_size)
     from torchao.quantization import quantize_
 
     head = model.get_output_embeddings()
-    if QMODES[qmode].weight_bits == 8:
-        return quantize_linears(model, qmode, group_size)
     quantize_(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=lambda module, fqn: module is head)
     return quantize_linears(model, qmode, group_size, exclude=(head,))
 

@@ -22,12 +22,12 @@ import os
 import queue
 import time
 import traceback
-import warnings
 from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
 from .errors import ExportError, HubExportError
+from .quiet import quiet_libraries, quiet_torch
 
 if TYPE_CHECKING:
     from .export import ExportOptions
@@ -99,20 +99,6 @@ def worker_count(requested: int | None, variants: int, weight_bytes: int) -> int
 # --- in the worker -----------------------------------------------------------------
 
 
-def _quiet(quiet: bool) -> None:
-    if not quiet:
-        return
-    warnings.filterwarnings("ignore")
-    for name in ("torch", "torchao", "executorch", "transformers"):
-        logging.getLogger(name).setLevel(logging.ERROR)
-    import torch._logging
-    import transformers.utils.logging as transformers_logging
-
-    torch._logging.set_logs(all=logging.ERROR)
-    transformers_logging.disable_progress_bar()
-    transformers_logging.set_verbosity_error()
-
-
 def _portable(exc: BaseException) -> BaseException:
     """The exception to hand back to the parent: ours as they are, others with their traceback."""
     if isinstance(exc, HubExportError):
@@ -124,7 +110,9 @@ def _portable(exc: BaseException) -> BaseException:
 def _work(job: VariantJob, messages) -> None:
     """Worker entry point: build ``job``'s variant and report it on ``messages``."""
     try:
-        _quiet(job.quiet)
+        if job.quiet:
+            quiet_libraries()
+            quiet_torch()
         handler = logging.handlers.QueueHandler(messages)
         package_log = logging.getLogger("hub_export")
         package_log.handlers[:] = [handler]
