@@ -22,7 +22,7 @@ step "Creating the demo user (the token is printed alone on the last line)"
 export HF_TOKEN="$(hub-export hub add-user demo --root "$HUB_ROOT" | tail -n 1)"
 
 step "Building a tiny demo model (random weights, BPE tokenizer) in $DEMO_DIR/tiny-llama"
-python -c "from hub_export.demo import build_tiny_model; build_tiny_model('$DEMO_DIR/tiny-llama')"
+python -c "from hub_export.quiet import quiet_libraries, quiet_torch; quiet_libraries(); quiet_torch(); from hub_export.demo import build_tiny_model; build_tiny_model('$DEMO_DIR/tiny-llama')"
 
 step "hub-export push $DEMO_DIR/tiny-llama --qmode 8da4w --qmode fp32 --qembedding 8w --max-seq-len 128"
 hub-export push "$DEMO_DIR/tiny-llama" --qmode 8da4w --qmode fp32 --qembedding 8w --max-seq-len 128
