@@ -53,10 +53,13 @@ def variants_table(manifest) -> Table:
 def verification_summary(check: dict) -> str:
     if check.get("skipped"):
         return "skipped (--no-verify)"
-    return (
-        f"ok: diff {check['max_abs_diff']:.2g} <= {check['tolerance']:.2g}, "
-        f"top-1 {check['top1_agreement']:.0%}, runner {check['runner_generated_tokens']} tok"
-    )
+    text = f"ok: KL {check.get('mean_kl_vs_eager', 0):.2g}, top-1 {check.get('top1_agreement', 0):.0%} vs eager"
+    return text + (f"; {quality_summary(check['quality'])}" if check.get("quality") else "")
+
+
+def quality_summary(quality: dict) -> str:
+    """``ppl 35.3 (1.71x fp32)`` from a manifest's ``verification.quality``."""
+    return f"ppl {quality['perplexity']:.1f} ({quality['ratio']:.2f}x fp32), top-1 {quality['top1']:.0%}, KL {quality['kl']:.2f}"
 
 
 SHARE_HELP = (
@@ -64,6 +67,8 @@ SHARE_HELP = (
     "(needs --qembedding 8w; qmodes 8da4w, 8da8w, 8w)."
 )
 JOBS_HELP = "Variants to build at once, each in its own process (default: as many as cores and memory allow)."
+GGUF_HELP = "Read the weights from this .gguf file in the repo or folder (dequantized; tokenizer from its metadata)."
+QUALITY_HELP = "Tokens of English text each variant is scored on (perplexity, top-1, KL vs fp32); 0: off."
 QMODE_HELP = "Quantization of linear layers; repeat for several variants: fp32, 8da4w, 8da8w (4w, 8w: see docs)."
 
 
@@ -89,6 +94,8 @@ def export(
     verify: bool = typer.Option(True, help="Verify each .pte against the eager model and in TextLLMRunner."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help=JOBS_HELP, show_default=False),
     share_embeddings: bool = typer.Option(False, "--share-embeddings", help=SHARE_HELP),
+    gguf_file: Optional[str] = typer.Option(None, "--gguf-file", help=GGUF_HELP, show_default=False),
+    quality_tokens: int = typer.Option(2048, "--quality-tokens", help=QUALITY_HELP),
     overwrite: bool = typer.Option(False, help="Replace a non-empty output folder."),
 ):
     """Export a causal LM to verified ExecuTorch .pte variants (one per --qmode)."""
@@ -107,6 +114,8 @@ def export(
             verify=verify,
             jobs=jobs,
             share_embeddings=share_embeddings,
+            gguf_file=gguf_file,
+            quality_tokens=quality_tokens,
             revision=revision,
             token=token,
             endpoint=endpoint,
@@ -229,6 +238,8 @@ def push_command(
     max_seq_len: Optional[int] = typer.Option(None, help="KV cache length (prompt + generation)."),
     jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help=JOBS_HELP, show_default=False),
     share_embeddings: bool = typer.Option(False, "--share-embeddings", help=SHARE_HELP),
+    gguf_file: Optional[str] = typer.Option(None, "--gguf-file", help=GGUF_HELP, show_default=False),
+    quality_tokens: int = typer.Option(2048, "--quality-tokens", help=QUALITY_HELP),
     revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the SOURCE repo to export."),
     branch: Optional[str] = typer.Option(None, help="Target branch to push to (created from main if missing)."),
     private: bool = typer.Option(False, help="Create the repo private (new repos only)."),
@@ -261,6 +272,8 @@ def push_command(
             max_seq_len=max_seq_len,
             jobs=jobs,
             share_embeddings=share_embeddings,
+            gguf_file=gguf_file,
+            quality_tokens=quality_tokens,
             revision=revision,
             trust_remote_code=trust_remote_code,
             allow_pickle=allow_pickle,
@@ -295,7 +308,7 @@ def ls_command(
     from .publish import list_variants
 
     manifest = list_variants(repo_id, endpoint=endpoint, token=token, revision=revision)
-    table = Table(title=f"{repo_id}  (from {manifest.source.get('id')})")
+    table = Table(title=escape(f"{repo_id}  (from {manifest.source.get('id')})"))
     table.add_column("file", no_wrap=True)
     table.add_column("qmode", no_wrap=True)
     for column in ("size", "context"):
@@ -304,23 +317,32 @@ def ls_command(
     table.add_column("tok/s", justify="right")
     for v in manifest.variants:
         check = v.verification
-        verified = (
-            "not verified"
-            if check.get("skipped")
-            else f"diff {check['max_abs_diff']:.2g} <= {check['tolerance']:.2g}, top-1 {check['top1_agreement']:.0%}"
-        )
         speed = check.get("runner_decode_tokens_per_s")
         table.add_row(
             v.file,
             v.qmode + (f"+emb{v.qembedding}" if v.qembedding else ""),
             human_size(v.total_bytes),
             str(v.max_seq_len),
-            verified,
-            f"{speed:.0f}" if speed else "-",
+            escape(_verified_text(check)),
+            f"{speed:.0f}" if _is_number(speed) and speed > 0 else "-",
         )
     out.print(table)
     if manifest.machine:
         out.print(f"[dim]tok/s: decode speed of the ExecuTorch runner at export, on {escape(manifest.machine)}[/dim]")
+
+
+def _is_number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def _verified_text(check: dict) -> str:
+    """``ls``'s verification cell; a repo's manifest may lack figures (it is not ours to trust)."""
+    if check.get("skipped"):
+        return "not verified"
+    diff, tolerance, top1 = (check.get(key) for key in ("max_abs_diff", "tolerance", "top1_agreement"))
+    parts = [f"diff {diff:.2g}" + (f" <= {tolerance:.2g}" if _is_number(tolerance) else "")] if _is_number(diff) else []
+    parts += [f"top-1 {top1:.0%}"] if _is_number(top1) else []
+    return ", ".join(parts) or "unknown (the manifest lacks its figures)"
 
 
 @app.command("pull", epilog="Example:\n\n  hub-export pull alice/SmolLM2-135M-ExecuTorch --variant 8da4w -o smollm2")
@@ -370,12 +392,23 @@ def _first_line(error: BaseException) -> str:
     return text.splitlines()[0] if text else ""
 
 
+def _is_usage_error(error: Exception) -> bool:
+    """A click error (bad option, missing argument), from click or the copy typer vendors."""
+    import click
+
+    vendored = isinstance(error, typer.TyperException) and callable(getattr(error, "show", None))
+    return isinstance(error, click.ClickException) or vendored
+
+
 def main() -> None:
     """Console entry point: one-line errors, exit codes from the error type."""
     quiet_libraries()
     _mount_subcommands()
     try:
-        app(standalone_mode=False)
+        # Without standalone mode click returns, rather than raises, the code of an Exit.
+        code = app(standalone_mode=False)
+        if isinstance(code, int) and not isinstance(code, bool) and code:
+            sys.exit(code)
     except HubExportError as error:
         err.print(f"[bold red]Error:[/bold red] {escape(str(error))}", soft_wrap=True)
         sys.exit(error.exit_code)
@@ -388,10 +421,8 @@ def main() -> None:
         err.print("Interrupted.")
         sys.exit(130)
     except Exception as error:  # click usage errors and real bugs
-        import click
-
-        if isinstance(error, click.ClickException):
-            error.show()
+        if _is_usage_error(error):
+            error.show()  # click's "Usage: ... Error: No such option: --x (Possible options: ...)"
             sys.exit(error.exit_code)
         if os.environ.get("HUB_EXPORT_DEBUG"):
             raise

@@ -36,6 +36,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEQ_LEN = 2048
+DEFAULT_QUALITY_TOKENS = 2048  # hub_export.verify.DEFAULT_QUALITY_TOKENS, without importing torch here
 COPIED_FILES = source_stage.CONFIG_FILES + source_stage.TOKENIZER_FILES
 
 Progress = Callable[[str], None]
@@ -52,10 +53,13 @@ class ExportOptions:
     verify: bool = True
     jobs: int | None = None  # variants built at once; None: as many as cores and memory allow
     share_embeddings: bool = False  # tied table stored once, in a .ptd data file per variant
+    quality_tokens: int = DEFAULT_QUALITY_TOKENS  # evaluation-text predictions per variant; 0: prompt only
 
     def validate(self) -> None:
         if not self.qmodes:
             raise InputError("give at least one --qmode")
+        if self.quality_tokens < 0:
+            raise InputError(f"--quality-tokens must be 0 (off) or more (got {self.quality_tokens})")
         if self.jobs is not None and self.jobs < 1:
             raise InputError(f"--jobs must be at least 1 (got {self.jobs})")
         if self.share_embeddings:
@@ -278,7 +282,7 @@ def _copy_source_files(src: source_stage.Source, workdir: Path) -> None:
 
 
 def _source_record(src: source_stage.Source, model) -> dict:
-    return {
+    record = {
         "id": src.name,
         "revision": src.revision,
         "local": src.is_local,
@@ -286,6 +290,9 @@ def _source_record(src: source_stage.Source, model) -> dict:
         "architecture": (model.config.architectures or [type(model).__name__])[0],
         "num_parameters": sum(p.numel() for p in model.parameters()),
     }
+    if src.gguf:
+        record["gguf"] = dict(src.gguf)
+    return record
 
 
 def _prepare_output(output_dir: Path, overwrite: bool) -> Path:
@@ -312,6 +319,8 @@ def export(
     verify: bool = True,
     jobs: int | None = None,
     share_embeddings: bool = False,
+    quality_tokens: int = DEFAULT_QUALITY_TOKENS,
+    gguf_file: str | None = None,
     revision: str | None = None,
     token: str | None = None,
     endpoint: str | None = None,
@@ -328,14 +337,17 @@ def export(
     default as many as there are cores and memory for (one when there is one variant).
     ``share_embeddings`` stores a tied embedding table once: each variant becomes a
     ``.pte`` plus a ``.ptd`` data file holding its weights (see
-    :func:`hub_export.quantize.quantize_model`).
+    :func:`hub_export.quantize.quantize_model`). ``quality_tokens`` is how many tokens
+    of the shipped English evaluation text each variant is scored on (perplexity,
+    top-1 and KL against fp32; 0 turns it off). ``gguf_file`` reads the weights from
+    that ``.gguf`` in the repo or folder instead of safetensors.
 
     Example:
         >>> manifest = export("HuggingFaceTB/SmolLM2-135M", "out", qmodes=["8da4w", "fp32"], max_seq_len=256)
         >>> [v.file for v in manifest.variants]
         ['model-8da4w.pte', 'model-fp32.pte']
     """
-    options = ExportOptions(qmodes, qembedding, group_size, max_seq_len, verify, jobs, share_embeddings)
+    options = ExportOptions(qmodes, qembedding, group_size, max_seq_len, verify, jobs, share_embeddings, quality_tokens)
     options.validate()
     say = progress or (lambda message: log.info(message))
     output_dir = Path(output_dir)
@@ -360,6 +372,8 @@ def export(
         allow_pickle=allow_pickle,
         cache_dir=cache_dir,
         precheck=precheck,
+        gguf_file=gguf_file,
+        say=say,
     )
     seq_len = resolved_len["value"]
     map_large_allocations()
@@ -371,8 +385,9 @@ def export(
         if options.verify:
             from .verify import build_reference
 
-            say("computing the fp32 eager reference")
-            reference = build_reference(model, src.path / "tokenizer.json", seq_len)
+            say(f"computing the fp32 eager reference (prompt + {options.quality_tokens} tokens of evaluation text)")
+            reference = build_reference(model, src.path / "tokenizer.json", seq_len, options.quality_tokens,
+                                        token_ids(model)[0])
         source_record = _source_record(src, model)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         workers = worker_count(options.jobs, len(options.qmodes), weight_bytes)
@@ -397,7 +412,7 @@ def export(
             source=source_record,
             versions=package_versions(),
             variants=variants,
-            command=command or _default_command(src.name, options, revision),
+            command=command or _default_command(source, options, revision, gguf_file),
             machine=machine_description(),
         )
         manifest.write(workdir)
@@ -408,10 +423,12 @@ def export(
     return manifest
 
 
-def _default_command(source: str, options: ExportOptions, revision: str | None) -> str:
-    parts = ["hub-export", "export", source]
+def _default_command(source: str, options: ExportOptions, revision: str | None, gguf_file: str | None = None) -> str:
+    parts = ["hub-export", "export", source if not Path(source).expanduser().exists() else Path(source).name]
     if revision:
         parts += ["--revision", revision]
+    if gguf_file:
+        parts += ["--gguf-file", gguf_file]
     for mode in options.qmodes:
         parts += ["--qmode", mode]
     if options.qembedding:
@@ -422,6 +439,8 @@ def _default_command(source: str, options: ExportOptions, revision: str | None) 
         parts += ["--max-seq-len", str(options.max_seq_len)]
     if options.share_embeddings:
         parts.append("--share-embeddings")
+    if options.quality_tokens != DEFAULT_QUALITY_TOKENS:
+        parts += ["--quality-tokens", str(options.quality_tokens)]
     return shlex.join(parts)
 
 

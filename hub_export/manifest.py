@@ -8,14 +8,20 @@ from __future__ import annotations
 
 import hashlib
 import json
+import math
 import platform
-from dataclasses import asdict, dataclass, field
+import re
+from dataclasses import MISSING, asdict, dataclass, field, fields
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
+# A variant's files are joined to the user's folder on pull: plain names only, never a path.
+FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,190}")
+SHA256 = re.compile(r"[0-9a-f]{64}")
+MAX_FILE_BYTES = 10**12  # 1 TB: far above any .pte, far below what breaks arithmetic
 VERSIONED_PACKAGES = ("torch", "executorch", "torchao", "transformers", "hub-export")
 
 
@@ -83,15 +89,14 @@ class Manifest:
         return path
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Manifest":
-        from .errors import InputError
+    def from_dict(cls, data: Any, where: str = MANIFEST_NAME) -> "Manifest":
+        """A manifest from its JSON form, validated first: repos are written by anyone.
 
-        if data.get("schema_version") != SCHEMA_VERSION:
-            raise InputError(
-                f"manifest schema_version {data.get('schema_version')!r} is not {SCHEMA_VERSION}; "
-                "upgrade hub-export or re-export"
-            )
-        variants = [Variant(**v) for v in data.get("variants", [])]
+        Raises :class:`~hub_export.errors.InputError` (one line) for anything that does not
+        fit the schema, e.g. a variant file name that is a path; ``where`` names the file.
+        """
+        check_manifest(data, where)
+        variants = [Variant(**v) for v in data["variants"]]
         return cls(
             source=data["source"],
             versions=data["versions"],
@@ -101,19 +106,152 @@ class Manifest:
         )
 
     @classmethod
+    def parse(cls, text: str | bytes, where: str = MANIFEST_NAME) -> "Manifest":
+        """A manifest from the text of a ``manifest.json``; ``where`` names it in errors."""
+        from .errors import InputError
+
+        try:
+            data = json.loads(text)
+        except (ValueError, RecursionError):  # JSONDecodeError and UnicodeDecodeError are ValueErrors
+            raise InputError(f"{where} is not valid JSON; re-export or re-publish it with hub-export") from None
+        return cls.from_dict(data, where)
+
+    @classmethod
     def read(cls, folder: Path) -> "Manifest":
         from .errors import InputError
 
         path = Path(folder) / MANIFEST_NAME
         if not path.is_file():
             raise InputError(f"{Path(folder).name}/ has no {MANIFEST_NAME}; export into it with `hub-export export`")
-        return cls.from_dict(json.loads(path.read_text()))
+        return cls.parse(path.read_bytes(), f"{Path(folder).name}/{MANIFEST_NAME}")
 
     def merge(self, other: "Manifest") -> "Manifest":
         """This manifest with ``other``'s variants added or replacing same-file ones."""
         by_file = {v.file: v for v in self.variants}
         by_file.update({v.file: v for v in other.variants})
         return Manifest(other.source, other.versions, list(by_file.values()), other.command, other.machine)
+
+
+# -- schema ---------------------------------------------------------------------------
+#
+# One check for every manifest read from a folder or a repo. A repo's manifest is input
+# from whoever can write to it: its file names are joined to the user's folder on pull,
+# its sizes and hashes decide what is kept, so nothing in it is trusted unchecked.
+
+_REPAIR = "re-export the folder or re-publish the repo with hub-export"
+
+
+def _bad(where: str, what: str, problem: str) -> Exception:
+    from .errors import InputError
+
+    return InputError(f"invalid {where}: {what} {problem}; {_REPAIR}")
+
+
+def _json_kind(value: Any) -> str:
+    kinds = {dict: "an object", list: "a list", str: "a string", bool: "a boolean", int: "a number", float: "a number"}
+    return kinds.get(type(value), "null" if value is None else type(value).__name__)
+
+
+def _is_int(value: Any) -> bool:
+    return isinstance(value, int) and not isinstance(value, bool)
+
+
+def _check_name(where: str, what: str, value: Any, suffix: str) -> None:
+    """A plain file name in the folder: no path, no parent, no hidden file."""
+    if not isinstance(value, str) or not FILE_NAME.fullmatch(value) or ".." in value or not value.endswith(suffix):
+        shown = repr(value)[:80]
+        raise _bad(where, what, f"is {shown}, not a plain file name ending in {suffix} (letters, digits, '._+-')")
+
+
+def _check_size(where: str, what: str, value: Any) -> None:
+    if not _is_int(value) or not 0 <= value < MAX_FILE_BYTES:
+        raise _bad(where, what, f"is {repr(value)[:40]}, not a byte count between 0 and 1 TB")
+
+
+def _check_sha256(where: str, what: str, value: Any) -> None:
+    if not isinstance(value, str) or not SHA256.fullmatch(value):
+        raise _bad(where, what, f"is {repr(value)[:80]}, not a sha256 (64 lowercase hex digits)")
+
+
+def _check_type(where: str, what: str, value: Any, kind: type, described: str) -> None:
+    if not isinstance(value, kind):
+        raise _bad(where, what, f"is {_json_kind(value)}, not {described}")
+
+
+def check_variant(where: str, index: int, data: Any) -> None:
+    """One entry of ``variants``: known keys only, each well-formed."""
+    from .quantize import QEMBEDDINGS, QMODES  # torch-free registries, imported when first needed
+
+    what = f"variants[{index}]"
+    _check_type(where, what, data, dict, "an object")
+    known = {f.name: f for f in fields(Variant)}
+    unknown = sorted(set(data) - set(known))
+    if unknown:
+        raise _bad(where, what, f"has unknown key {unknown[0][:40]!r} (known: {', '.join(known)})")
+    missing = [n for n, f in known.items() if n not in data and f.default is MISSING and f.default_factory is MISSING]
+    if missing:
+        raise _bad(where, what, f"lacks {missing[0]!r}")
+    _check_name(where, f"{what}.file", data["file"], ".pte")
+    if data["qmode"] not in QMODES:
+        raise _bad(where, f"{what}.qmode", f"is {repr(data['qmode'])[:40]}, not one of {', '.join(QMODES)}")
+    if data["qembedding"] is not None and data["qembedding"] not in QEMBEDDINGS:
+        raise _bad(where, f"{what}.qembedding", f"is {repr(data['qembedding'])[:40]}, not null or one of {', '.join(QEMBEDDINGS)}")
+    for name in ("group_size", "max_seq_len"):
+        value = data[name]
+        if not (value is None and name == "group_size") and not (_is_int(value) and 0 < value < 2**31):
+            raise _bad(where, f"{what}.{name}", f"is {repr(value)[:40]}, not a positive integer")
+    _check_size(where, f"{what}.size_bytes", data["size_bytes"])
+    _check_sha256(where, f"{what}.sha256", data["sha256"])
+    _check_type(where, f"{what}.metadata", data["metadata"], dict, "an object")
+    _check_type(where, f"{what}.verification", data["verification"], dict, "an object")
+    seconds = data["export_seconds"]
+    if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds) or seconds < 0:
+        raise _bad(where, f"{what}.export_seconds", f"is {repr(seconds)[:40]}, not a non-negative number")
+    fallback = data.get("per_channel_fallback", [])
+    if not isinstance(fallback, list) or not all(isinstance(name, str) for name in fallback):
+        raise _bad(where, f"{what}.per_channel_fallback", "is not a list of layer names")
+    _check_data_file(where, what, data)
+
+
+def _check_data_file(where: str, what: str, data: dict[str, Any]) -> None:
+    """The ``.ptd`` companion: all three fields, or none."""
+    parts = [data.get(name) for name in ("data_file", "data_size_bytes", "data_sha256")]
+    if all(part is None for part in parts):
+        return
+    if any(part is None for part in parts):
+        raise _bad(where, what, "has some but not all of data_file, data_size_bytes, data_sha256")
+    _check_name(where, f"{what}.data_file", data["data_file"], ".ptd")
+    _check_size(where, f"{what}.data_size_bytes", data["data_size_bytes"])
+    _check_sha256(where, f"{what}.data_sha256", data["data_sha256"])
+
+
+def check_manifest(data: Any, where: str = MANIFEST_NAME) -> None:
+    """Raise :class:`~hub_export.errors.InputError` unless ``data`` fits the manifest schema."""
+    from .errors import InputError
+
+    if not isinstance(data, dict):
+        raise InputError(f"{where} holds {_json_kind(data)}, not a JSON object; {_REPAIR}")
+    version = data.get("schema_version")
+    if not _is_int(version) or version != SCHEMA_VERSION:
+        raise InputError(
+            f"{where}: schema_version {repr(version)[:40]} is not {SCHEMA_VERSION}; upgrade hub-export or re-export"
+        )
+    known = {f.name for f in fields(Manifest)}
+    unknown = sorted(set(data) - known)
+    if unknown:
+        raise _bad(where, "the manifest", f"has unknown key {unknown[0][:40]!r} (known: {', '.join(sorted(known))})")
+    for name in ("source", "versions", "variants"):
+        if name not in data:
+            raise _bad(where, "the manifest", f"lacks {name!r}")
+    _check_type(where, "source", data["source"], dict, "an object")
+    _check_type(where, "versions", data["versions"], dict, "an object")
+    if not all(isinstance(value, str) for value in data["versions"].values()):
+        raise _bad(where, "versions", "has a value that is not a version string")
+    for name in ("command", "machine"):
+        _check_type(where, name, data.get(name, ""), str, "a string")
+    _check_type(where, "variants", data["variants"], list, "a list")
+    for index, variant in enumerate(data["variants"]):
+        check_variant(where, index, variant)
 
 
 def sha256_file(path: Path, chunk: int = 1 << 20) -> str:

@@ -13,6 +13,8 @@ from __future__ import annotations
 import hashlib
 import json
 import logging
+import os
+import shutil
 import tempfile
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -240,8 +242,8 @@ def _read_remote_manifest(api, repo_id: str, revision: str) -> Manifest | None:
 
     path = hf_hub_download(repo_id, MANIFEST_NAME, revision=revision, endpoint=api.endpoint, token=api.token)
     try:
-        return Manifest.from_dict(json.loads(Path(path).read_text()))
-    except (InputError, json.JSONDecodeError, KeyError, TypeError):
+        return Manifest.parse(Path(path).read_bytes(), f"{repo_id}/{MANIFEST_NAME}")
+    except InputError:
         return None
 
 
@@ -430,6 +432,8 @@ def push(
     max_seq_len: int | None = None,
     jobs: int | None = None,
     share_embeddings: bool = False,
+    quality_tokens: int | None = None,
+    gguf_file: str | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
@@ -470,7 +474,7 @@ def push(
         raise HubError(f"not logged in to {endpoint}: {LOGIN_HINT}")
     folder = Path(from_dir) if from_dir is not None else None
     local = Manifest.read(folder) if folder is not None else None
-    source_name = local.source.get("id") if local else _source_name(source)
+    source_name = local.source.get("id") if local else _source_name(source, gguf_file)
 
     api = HfApi(endpoint=endpoint, token=token if token else False)
     repo_id = _target_repo(api, repo_id, source_name or Path(source or ".").resolve().name, token, endpoint)
@@ -497,6 +501,8 @@ def push(
                 max_seq_len=max_seq_len,
                 jobs=jobs,
                 share_embeddings=share_embeddings,
+                quality_tokens=quality_tokens,
+                gguf_file=gguf_file,
                 revision=revision,
                 trust_remote_code=trust_remote_code,
                 allow_pickle=allow_pickle,
@@ -547,10 +553,11 @@ def _target_repo(api, repo_id: str | None, source_name: str, token: str | None, 
     return repo_id
 
 
-def _source_name(source: str | None) -> str:
-    """The source id the export will record: the folder's name, or the repo id."""
-    path = Path(source or "").expanduser()
-    return path.name if path.is_dir() else (source or "")
+def _source_name(source: str | None, gguf_file: str | None = None) -> str:
+    """The source id the export will record: the folder's name, a local GGUF's model name, or the repo id."""
+    from .source import display_name
+
+    return display_name(source, gguf_file)
 
 
 def _check_branch(branch: str) -> None:
@@ -659,10 +666,8 @@ def _download_manifest(repo_id: str, revision: str | None, local_dir: str | None
 
 
 def _parse_manifest(path: Path, repo_id: str) -> Manifest:
-    try:
-        manifest = Manifest.from_dict(json.loads(path.read_text()))
-    except (json.JSONDecodeError, KeyError, TypeError):
-        raise InputError(f"{repo_id}/{MANIFEST_NAME} is not a hub-export manifest") from None
+    """The repo's manifest, validated (file names, qmodes, sizes, hashes) before anything uses it."""
+    manifest = Manifest.parse(path.read_bytes(), f"{repo_id}/{MANIFEST_NAME}")
     if not manifest.variants:
         raise InputError(f"{repo_id} lists no variant in its {MANIFEST_NAME}")
     return manifest
@@ -688,11 +693,70 @@ def pull(
         >>> sorted(p.name for p in folder.glob("*.json"))[:2]
         ['config.json', 'generation_config.json']
     """
-    from huggingface_hub import HfApi, snapshot_download
-
     check_repo_id(repo_id)
     endpoint = resolve_endpoint(endpoint)
-    local_dir = str(output_dir) if output_dir is not None else None
+    if output_dir is None:
+        return _pull_into(repo_id, variant, None, endpoint, token, revision)
+    out = Path(output_dir)
+    if out.exists() and not out.is_dir():
+        raise InputError(f"-o/--output {out.name} is a file, not a folder; choose a folder to download to")
+    with _undo_on_failure(out):
+        return _pull_into(repo_id, variant, str(out), endpoint, token, revision)
+
+
+@contextmanager
+def _undo_on_failure(out: Path) -> Iterator[None]:
+    """On failure, remove what a pull added to ``out``: a failed pull leaves no half download.
+
+    Only entries that were not there before are removed (top level, and the download
+    metadata huggingface_hub keeps in ``.cache/huggingface/download``); a folder the pull
+    created is removed whole.
+    """
+    metadata = out / ".cache" / "huggingface" / "download"
+    existed = out.is_dir()
+    before = set(os.listdir(out)) if existed else set()
+    metadata_before = set(os.listdir(metadata)) if metadata.is_dir() else None
+    try:
+        yield
+    except BaseException:
+        if not existed:
+            shutil.rmtree(out, ignore_errors=True)
+            raise
+        for name in set(os.listdir(out)) - before if out.is_dir() else ():
+            _remove_inside(out, name)
+        if metadata_before is not None and metadata.is_dir():
+            for name in set(os.listdir(metadata)) - metadata_before:
+                _remove_inside(metadata, name)
+        raise
+
+
+def _remove_inside(folder: Path, name: str) -> None:
+    """Remove ``folder/name`` (a file, link or folder), never anything outside ``folder``."""
+    path = _inside(folder, name)
+    if path.is_dir() and not path.is_symlink():
+        shutil.rmtree(path, ignore_errors=True)
+    else:
+        path.unlink(missing_ok=True)
+
+
+def _inside(folder: Path, name: str) -> Path:
+    """``folder / name`` after checking it is an entry of ``folder`` itself.
+
+    The manifest schema already allows plain names only; this is the second lock on
+    the door before anything is removed. A symlinked entry (the HF cache) is fine: its
+    own location is checked, not its target's.
+    """
+    path = Path(folder) / name
+    if name in ("", ".", "..") or path.parent.resolve() != Path(folder).resolve():
+        raise InputError(f"refusing to touch {name!r}: it is not a plain file name inside {Path(folder).name}/")
+    return path
+
+
+def _pull_into(
+    repo_id: str, variant: str | None, local_dir: str | None, endpoint: str, token: str | None, revision: str | None
+) -> Path:
+    from huggingface_hub import HfApi, snapshot_download
+
     with hub_errors(repo_id, endpoint, "read", token):
         # Pin one commit so that the manifest and the files it describes agree.
         commit = HfApi(endpoint=endpoint, token=token).repo_info(repo_id, revision=revision).sha
@@ -715,34 +779,43 @@ def pull(
             ) from None
     folder = Path(folder)
     for name, expected in chosen.files():
-        _check_download(folder / name, expected, repo_id)
+        _check_download(_inside(folder, name), expected, repo_id, folder)
     return folder
 
 
-def _check_download(path: Path, expected_sha256: str, repo_id: str) -> None:
+def _check_download(path: Path, expected_sha256: str, repo_id: str, folder: Path) -> None:
     """Compare a downloaded variant file with the manifest; remove it (and its cache blob) on mismatch."""
     if not path.is_file():
         raise HubError(f"{repo_id} lists {path.name} in its manifest but the file is missing from the repo")
     actual = sha256_file(path)
     if actual == expected_sha256:
         return
-    _remove_download(path)
+    _remove_download(path, folder)
     raise VerificationError(
         f"sha256 mismatch for {path.name} from {repo_id}: got {actual}, the manifest says {expected_sha256}; "
         "the file was removed: the repo content is corrupt or was altered, do not use it"
     )
 
 
-def _remove_download(path: Path) -> None:
-    # In the cache the snapshot entry links to a blob named by its hash: drop both, or the
-    # next pull would trust the bad blob. In a local_dir, drop the download metadata too.
+def _remove_download(path: Path, folder: Path) -> None:
+    """Remove a bad download: ``path`` (an entry of ``folder``) and what vouches for it.
+
+    In the cache the snapshot entry links to a blob named by its hash: drop both, or the
+    next pull would trust the bad blob; the link is followed only into that repo's
+    ``blobs/``. In a local_dir, drop the download metadata too.
+    """
+    path = _inside(folder, path.name)
     target = path.resolve() if path.is_symlink() else None
     path.unlink(missing_ok=True)
-    if target is not None:
+    if target is not None and _is_cache_blob(target, folder):
         target.unlink(missing_ok=True)
-    for parent in path.parents:
-        metadata = parent / ".cache" / "huggingface" / "download" / f"{path.name}.metadata"
-        if metadata.is_file():
-            metadata.unlink()
-            break
+    metadata = folder / ".cache" / "huggingface" / "download"
+    if metadata.is_dir():
+        _inside(metadata, f"{path.name}.metadata").unlink(missing_ok=True)
+
+
+def _is_cache_blob(target: Path, snapshot: Path) -> bool:
+    """Whether ``target`` is a blob of the cache repo that holds ``snapshot`` (``REPO/snapshots/COMMIT``)."""
+    blobs = snapshot.resolve().parent.parent / "blobs"
+    return snapshot.resolve().parent.name == "snapshots" and target.parent == blobs
 

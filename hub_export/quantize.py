@@ -159,6 +159,21 @@ def quantize_embeddings(model: "nn.Module", qembedding: str | None) -> None:
     quantize_(model, config, filter_fn=lambda module, fqn: _is_embedding(module))
 
 
+def drop_padding_index(model: "nn.Module") -> None:
+    """Clear ``padding_idx`` on every embedding of ``model``.
+
+    ``padding_idx`` only stops gradients to that row; the forward pass looks the row up
+    like any other, so inference is unchanged. Left in place, torchao's quantized
+    embedding lowers to an ``embedding`` call with a padding argument that ExecuTorch's
+    quantized-embedding fusion does not match, and lowering ends with "Missing out
+    variants: {'torchao::dequantize_affine'}". Real configs set ``pad_token_id`` all the
+    time (SmolLM2: 2, every Gemma: 0).
+    """
+    for module in model.modules():
+        if _is_embedding(module):
+            module.padding_idx = None
+
+
 # qmodes whose output projection can be the 8-bit embedding table's bytes (see quantize_model)
 SHAREABLE_QMODES = ("8da4w", "8da8w", "8w")
 
@@ -181,6 +196,7 @@ def quantize_model(
     embedding table's recipe, so both hold the same bytes and a two-file export stores
     them once (8da4w's projection becomes 8da8w).
     """
+    drop_padding_index(model)
     quantize_embeddings(model, qembedding)
     if not share_embeddings or QMODES[qmode].weight_bits == 8:  # 8-bit per-channel heads already match the table
         return quantize_linears(model, qmode, group_size)

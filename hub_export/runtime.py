@@ -5,13 +5,29 @@ from __future__ import annotations
 import contextlib
 import json
 import os
+import re
+import signal
 import sys
 import tempfile
+import time
+import warnings
 from pathlib import Path
 
 import torch
 
-from .errors import VerificationError
+from .errors import InputError, VerificationError
+
+# What every ExecuTorch program starts with (executorch/exir/_serialize/_program.py and
+# schema/program.fbs): a flatbuffer root offset (u32), the file identifier "ET" + two
+# digits ("ET12" in executorch 1.5), then the extended header "eh00": its length (u32),
+# program size, segment base offset and segment data size (u64 each, little-endian).
+PTE_IDENTIFIER = re.compile(rb"ET[0-9]{2}")
+PTD_IDENTIFIER = re.compile(rb"FT[0-9]{2}")  # a .ptd data file (extension/flat_tensor)
+EXTENDED_HEADER_MAGIC = b"eh00"
+EXTENDED_HEADER_MIN_LENGTH = 24
+MIN_PTE_BYTES = 8 + 32  # root offset, identifier, a full extended header
+PROBE_TIMEOUT_S = 120.0
+REDO = "the file is damaged or not an ExecuTorch program: export it again, or pull it again and check its sha256"
 
 
 def _load_kernels() -> None:
@@ -42,8 +58,13 @@ def quiet_native_output():
                 os.close(fd)
 
 
+
 class PteModel:
     """A loaded ``.pte``: its ``forward`` method and its constant methods.
+
+    The file is checked before the native runtime loads it in this process (see
+    :func:`check_loadable`): a malformed file raises VerificationError instead of
+    aborting the process.
 
     Example:
         >>> model = PteModel("model-8da4w.pte")
@@ -52,30 +73,11 @@ class PteModel:
 
     def __init__(self, path: str | Path, data_path: str | Path | None = None):
         _load_kernels()
-        from executorch.runtime import Runtime
-
         self.path = Path(path)
         if data_path is None:
             data_path = data_file_of(self.path)
-        try:
-            with quiet_native_output():
-                self.program = Runtime.get().load_program(
-                    str(self.path), data_path=str(data_path) if data_path else None
-                )
-                self.method = self.program.load_method("forward")
-        except (RuntimeError, ValueError) as error:
-            raise VerificationError(f"{self.path.name} cannot be loaded by the ExecuTorch runtime ({error})") from None
-        self.metadata = self._read_metadata()
-
-    def _read_metadata(self) -> dict:
-        values = {}
-        for name in self.program.method_names:
-            if name == "forward":
-                continue
-            with quiet_native_output():
-                result = self.program.load_method(name).execute([])
-            values[name] = [int(v) if not isinstance(v, bool) else v for v in result] if name.endswith("_ids") else result[0]
-        return values
+        check_loadable(self.path, data_path)
+        self.program, self.method, self.metadata = _open_program(self.path, data_path)
 
     def forward(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
         """Logits of the last position, ``[vocab]``."""
@@ -83,6 +85,176 @@ class PteModel:
         with quiet_native_output():
             output = self.method.execute([input_ids, positions])[0]
         return output.reshape(-1, output.shape[-1])[-1]
+
+
+def _open_program(path: Path, data_path: str | Path | None):
+    """(program, forward method, metadata) of a ``.pte``; load errors become VerificationError."""
+    from executorch.runtime import Runtime
+
+    try:
+        with quiet_native_output():
+            program = Runtime.get().load_program(str(path), data_path=str(data_path) if data_path else None)
+            method = program.load_method("forward")
+        return program, method, _read_metadata(program)
+    except (RuntimeError, ValueError) as error:
+        raise VerificationError(f"{path.name} cannot be loaded by the ExecuTorch runtime ({error})") from None
+
+
+def _read_metadata(program) -> dict:
+    values = {}
+    for name in program.method_names:
+        if name == "forward":
+            continue
+        with quiet_native_output():
+            result = program.load_method(name).execute([])
+        values[name] = [int(v) if not isinstance(v, bool) else v for v in result] if name.endswith("_ids") else result[0]
+    return values
+
+
+# -- before the native runtime sees a file ---------------------------------------------
+#
+# The ExecuTorch runtime trusts its input more than a downloaded file deserves: on some
+# malformed files it aborts the whole process (SIGABRT, exit 134, no message). One cause
+# seen: it logs bytes of the file (a foreign identifier, an operator name), the Python
+# binding cannot decode them as UTF-8 and terminates. So a file is checked twice: its
+# header here in Python (cheap), then a load in a forked child, where a crash is a message.
+
+
+_checked: set[tuple] = set()  # files (by identity and mtime) that passed: the runner reuses PteModel's check
+
+
+def check_loadable(pte: str | Path, data_path: str | Path | None = None) -> None:
+    """Raise VerificationError (one line) unless ``pte`` (and its ``.ptd``) load without crashing."""
+    check_pte_header(pte)
+    if data_path:
+        check_ptd_header(data_path)
+    key = tuple(_identity(Path(p)) for p in (pte, data_path) if p)
+    if key in _checked:
+        return
+    probe_load(Path(pte), data_path)
+    _checked.add(key)
+
+
+def _identity(path: Path) -> tuple:
+    stat = path.stat()
+    return (str(path.resolve()), stat.st_dev, stat.st_ino, stat.st_size, stat.st_mtime_ns)
+
+
+def check_pte_header(path: str | Path) -> None:
+    """The flatbuffer identifier and extended header of a ``.pte``, checked in Python."""
+    path = Path(path)
+    head, size = _head(path)
+    if size < MIN_PTE_BYTES:
+        raise VerificationError(f"{path.name} is only {size} bytes, too short for an ExecuTorch program; {REDO}")
+    if not PTE_IDENTIFIER.fullmatch(head[4:8]):
+        raise VerificationError(f"{path.name} lacks the ExecuTorch file identifier (ET + 2 digits); {REDO}")
+    if head[8:12] != EXTENDED_HEADER_MAGIC:
+        raise VerificationError(f"{path.name} lacks the ExecuTorch extended header (eh00); {REDO}")
+    problem = _extended_header_problem(head, size)
+    if problem:
+        raise VerificationError(f"{path.name} has a broken ExecuTorch header ({problem}); {REDO}")
+
+
+def _extended_header_problem(head: bytes, size: int) -> str | None:
+    """What is wrong with the extended header's figures, or None: every offset within the file."""
+    root = int.from_bytes(head[0:4], "little")
+    length = int.from_bytes(head[12:16], "little")
+    program_size = int.from_bytes(head[16:24], "little")
+    segment_base = int.from_bytes(head[24:32], "little")
+    segment_size = int.from_bytes(head[32:40], "little") if length > EXTENDED_HEADER_MIN_LENGTH else 0
+    if length < EXTENDED_HEADER_MIN_LENGTH:
+        return f"header length {length}"
+    if not 8 + length <= program_size <= size:
+        return f"program size {program_size} of a {size}-byte file"
+    if not 8 + length <= root < program_size:
+        return f"root offset {root}"
+    if segment_base and not program_size <= segment_base <= size:
+        return f"segment offset {segment_base} of a {size}-byte file"
+    if segment_size and (not segment_base or segment_base + segment_size > size):
+        return f"{segment_size} bytes of segments past the end of the file"
+    return None
+
+
+def check_ptd_header(path: str | Path) -> None:
+    """The flatbuffer identifier of a ``.ptd`` data file (``FT`` + 2 digits)."""
+    path = Path(path)
+    head, size = _head(path)
+    if size < MIN_PTE_BYTES or not PTD_IDENTIFIER.fullmatch(head[4:8]):
+        raise VerificationError(f"{path.name} is not an ExecuTorch data file (.ptd); {REDO}")
+
+
+def _head(path: Path) -> tuple[bytes, int]:
+    if not path.is_file():
+        raise InputError(f"{path.name} not found; pass an existing .pte file or export folder")
+    with open(path, "rb") as handle:
+        return handle.read(64), os.fstat(handle.fileno()).st_size
+
+
+def probe_load(pte: Path, data_path: str | Path | None) -> None:
+    """Load ``pte`` in a forked child first, so that a native crash is an error here.
+
+    The child loads the program, its ``forward`` and its constant methods as
+    :class:`PteModel` does and exits; a crash (a signal) or a load error becomes
+    VerificationError. Where ``fork`` is missing this is skipped. A child that does not
+    finish in PROBE_TIMEOUT_S (e.g. a lock held by another thread at fork time) is killed
+    and the load goes ahead here as before: the probe only ever adds safety.
+    """
+    if not hasattr(os, "fork"):
+        return
+    read_end, write_end = os.pipe()
+    with warnings.catch_warnings():
+        warnings.simplefilter("ignore")  # "fork() in a multi-threaded process": the child only loads and exits
+        sys.stdout.flush()
+        sys.stderr.flush()
+        pid = os.fork()
+    if pid == 0:
+        _probe_child(pte, data_path, read_end, write_end)
+    os.close(write_end)
+    status = _wait(pid, PROBE_TIMEOUT_S)
+    with os.fdopen(read_end, "rb") as reader:
+        message = reader.read().decode("utf-8", "replace").strip()
+    if status is None:
+        return
+    if os.WIFSIGNALED(status):
+        name = signal.Signals(os.WTERMSIG(status)).name
+        raise VerificationError(f"{pte.name} crashes the ExecuTorch runtime ({name}) when loaded; {REDO}")
+    if os.WEXITSTATUS(status) != 0:
+        raise VerificationError(message or f"{pte.name} cannot be loaded by the ExecuTorch runtime; {REDO}")
+
+
+def _probe_child(pte: Path, data_path, read_end: int, write_end: int) -> None:
+    """In the forked child: load quietly, report an error on the pipe, never return."""
+    code = 0
+    try:
+        os.close(read_end)
+        devnull = os.open(os.devnull, os.O_WRONLY)
+        os.dup2(devnull, 1)
+        os.dup2(devnull, 2)
+        _open_program(pte, data_path)
+    except BaseException as error:  # noqa: BLE001 - the parent gets the message
+        message = str(error) if isinstance(error, VerificationError) else (
+            f"{pte.name} cannot be loaded by the ExecuTorch runtime ({type(error).__name__}: {error})"
+        )
+        os.write(write_end, " ".join(message.split())[:1000].encode("utf-8", "replace"))
+        code = 3
+    finally:
+        os._exit(code)
+
+
+def _wait(pid: int, timeout: float) -> int | None:
+    """The child's wait status, or None after killing it at ``timeout``."""
+    deadline = time.monotonic() + timeout
+    delay = 0.001
+    while True:
+        done, status = os.waitpid(pid, os.WNOHANG)
+        if done:
+            return status
+        if time.monotonic() > deadline:
+            os.kill(pid, signal.SIGKILL)
+            os.waitpid(pid, 0)
+            return None
+        time.sleep(delay)
+        delay = min(delay * 2, 0.05)
 
 
 def data_file_of(pte: Path) -> Path | None:
@@ -103,6 +275,7 @@ def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens
         from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 
         data = data_file_of(pte)
+        check_loadable(pte, data)
         runner = TextLLMRunner(str(pte), str(tokenizer_json), str(data) if data else None)
         runner.generate(
             prompt,

@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 import os
+import re
 from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
@@ -41,6 +42,7 @@ class Source:
     revision: str | None  # resolved commit sha on the Hub, None for a folder
     is_local: bool
     config: dict = field(default_factory=dict)
+    gguf: dict | None = None  # the GGUF the weights came from (file, sha256, quantization), if any
 
     @property
     def model_type(self) -> str:
@@ -170,10 +172,15 @@ def resolve(
     allow_pickle: bool = False,
     cache_dir: str | os.PathLike | None = None,
     precheck=None,
+    gguf_file: str | None = None,
+    say=None,
 ) -> Source:
     """Resolve ``source`` (a local folder or a Hub repo id) into a checked :class:`Source`.
 
     ``precheck(config_dict)`` runs on the config before any weight is downloaded.
+    ``gguf_file`` names a ``.gguf`` checkpoint in the folder or repo to read instead of
+    safetensors; only that file is downloaded (see :mod:`hub_export.gguf_source`). A
+    path to a ``.gguf`` file works as ``source`` too.
 
     Example:
         >>> src = resolve("HuggingFaceTB/SmolLM2-135M", revision="main")
@@ -181,6 +188,10 @@ def resolve(
         'llama'
     """
     local = Path(source).expanduser()
+    if local.is_file() and local.suffix == ".gguf" and gguf_file in (None, local.name):
+        local, gguf_file = local.parent, local.name
+    if gguf_file is not None:
+        return _resolve_gguf(source, local, gguf_file, revision, token, endpoint, cache_dir, precheck, say)
     if local.is_dir():
         where = local.name
         names = [p.relative_to(local).as_posix() for p in local.rglob("*") if p.is_file()]
@@ -207,3 +218,56 @@ def resolve(
         precheck(config)
     folder = _download(source, info.sha, files, token, endpoint, cache_dir)
     return Source(folder, source, info.sha, False, config)
+
+
+_QUANT_SUFFIX = re.compile(r"[.-](?:I?Q\d[\w]*|F16|F32|BF16)$", re.IGNORECASE)
+
+
+def _gguf_model_name(file_name: str) -> str:
+    """``SmolLM2-135M-Instruct`` for ``SmolLM2-135M-Instruct.Q4_1.gguf``."""
+    stem = file_name.removesuffix(".gguf")
+    return _QUANT_SUFFIX.sub("", stem) or stem
+
+
+def display_name(source: str | None, gguf_file: str | None = None) -> str:
+    """The id an export of ``source`` records: the repo id, the folder's name, or a local GGUF's model name."""
+    path = Path(source or "").expanduser()
+    if path.is_file() and path.suffix == ".gguf":
+        return _gguf_model_name(path.name)
+    if path.is_dir():
+        return _gguf_model_name(gguf_file) if gguf_file else path.name
+    return source or ""
+
+
+def _resolve_gguf(source, local: Path, gguf_file, revision, token, endpoint, cache_dir, precheck, say) -> Source:
+    from . import gguf_source
+
+    gguf_source.check_file_name(gguf_file)
+    if local.is_dir():
+        path = local / gguf_file
+        if not path.is_file():
+            present = sorted(p.name for p in local.glob("*.gguf"))
+            raise InputError(
+                f"{local.name}/ has no {gguf_file}; "
+                + (f"GGUF files there: {', '.join(present)}" if present else "it holds no .gguf file")
+            )
+        name, sha, is_local = _gguf_model_name(gguf_file), None, True
+    else:
+        if source.startswith((".", "/", "~")) or source.count("/") != 1:
+            raise InputError(f"{source!r} is neither an existing folder nor a Hub repo id like org/name")
+        info = _model_info(source, revision, token, endpoint)
+        names = [s.rfilename for s in info.siblings or []]
+        if gguf_file not in names:
+            present = sorted(n for n in names if n.endswith(".gguf"))
+            raise SourceError(
+                f"{source} has no {gguf_file}; "
+                + (f"GGUF files there: {', '.join(present[:8])}" if present else "it holds no .gguf file")
+            )
+        path = _download(source, info.sha, [gguf_file], token, endpoint, cache_dir) / gguf_file
+        name, sha, is_local = source, info.sha, False
+    folder, record = gguf_source.converted_folder(path, say)
+    config = _read_config(folder, name)
+    check_tokenizer(folder, name)
+    if precheck is not None:
+        precheck(config)
+    return Source(folder, name, sha, is_local, config, gguf=record)
