@@ -148,6 +148,24 @@ def _figure(value: Any, spec: str = ".3g") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
+def _quality_cell(quality: Any) -> str:
+    """``35.3 (1.71x fp32)``: the variant's perplexity on the evaluation text and its ratio to fp32's."""
+    if not isinstance(quality, Mapping) or not all(
+        isinstance(quality.get(k), (int, float)) for k in ("perplexity", "ratio")
+    ):
+        return "n/a"
+    return f"{quality['perplexity']:.1f} ({quality['ratio']:.2f}x fp32)"
+
+
+def _quality_text(variants: list[Variant]) -> dict[str, Any] | None:
+    for variant in variants:
+        quality = (variant.verification or {}).get("quality")
+        if isinstance(quality, Mapping) and isinstance(quality.get("fp32_perplexity"), (int, float)):
+            return {"name": quality.get("text"), "tokens": quality.get("tokens"),
+                    "fp32_perplexity": f"{quality['fp32_perplexity']:.1f}"}
+    return None
+
+
 def _variant_view(variant: Variant) -> dict[str, Any]:
     check = variant.verification or {}
     skipped = bool(check.get("skipped"))
@@ -163,14 +181,19 @@ def _variant_view(variant: Variant) -> dict[str, Any]:
         "eos_ids": list(variant.metadata.get("get_eos_ids", [])),
         "verified": not skipped and bool(check.get("passed")),
         "skipped": skipped,
-        "max_abs_diff": "n/a" if skipped else _figure(check.get("max_abs_diff")),
-        "tolerance": "n/a" if skipped else _figure(check.get("tolerance")),
+        "kl": "n/a" if skipped else _figure(check.get("mean_kl_vs_eager"), ".2g"),
         "top1": "n/a" if skipped else _figure(check.get("top1_agreement"), ".0%"),
-        "quant_diff": "n/a" if skipped else _figure(check.get("quant_max_abs_diff_vs_fp32")),
-        "quant_top1": "n/a" if skipped else _figure(check.get("quant_top1_vs_fp32"), ".0%"),
+        "quality": _quality_cell(check.get("quality")),
+        "quality_top1": _figure((check.get("quality") or {}).get("top1"), ".0%"),
         "prefill_tps": _figure(check.get("runner_prefill_tokens_per_s"), ".0f"),
         "decode_tps": _figure(check.get("runner_decode_tokens_per_s"), ".0f"),
     }
+
+
+def _gguf_view(gguf: Any) -> dict[str, str] | None:
+    if not isinstance(gguf, Mapping) or not isinstance(gguf.get("file"), str):
+        return None
+    return {"file": gguf["file"], "quantization": str(gguf.get("quantization") or "unknown")}
 
 
 def card_context(
@@ -192,6 +215,9 @@ def card_context(
         "model_type": source.get("model_type") or "",
         "architecture": source.get("architecture") or "",
         "num_parameters": source.get("num_parameters"),
+        "gguf": _gguf_view(source.get("gguf")),
+        "quality_text": _quality_text(manifest.variants),
+        "chat": bool(source.get("chat_template")),
         "repo_id": repo_id,
         "variants": variants,
         "first": variants[0] if variants else None,

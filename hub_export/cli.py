@@ -51,15 +51,12 @@ def variants_table(manifest) -> Table:
 
 
 def verification_summary(check: dict) -> str:
+    from .manifest import describe_quality, describe_verification
+
     if check.get("skipped"):
         return "skipped (--no-verify)"
-    text = f"ok: KL {check.get('mean_kl_vs_eager', 0):.2g}, top-1 {check.get('top1_agreement', 0):.0%} vs eager"
-    return text + (f"; {quality_summary(check['quality'])}" if check.get("quality") else "")
-
-
-def quality_summary(quality: dict) -> str:
-    """``ppl 35.3 (1.71x fp32)`` from a manifest's ``verification.quality``."""
-    return f"ppl {quality['perplexity']:.1f} ({quality['ratio']:.2f}x fp32), top-1 {quality['top1']:.0%}, KL {quality['kl']:.2f}"
+    quality = describe_quality(check)
+    return f"ok: {describe_verification(check)}" + (f"; {quality}" if quality else "")
 
 
 SHARE_HELP = (
@@ -147,19 +144,26 @@ def _resolve_pte(target: Path, variant: Optional[str]) -> tuple[Path, Path]:
 )
 def generate(
     target: str = typer.Argument(..., help="A .pte file, an export folder, or a Hub repo made by hub-export."),
-    prompt: str = typer.Option(..., "--prompt", "-p", help="Text to continue."),
+    prompt: str = typer.Option(..., "--prompt", "-p", help="Your message (with --chat) or the text to continue (--no-chat)."),
     tokenizer: Optional[Path] = typer.Option(None, help="Folder with tokenizer.json (default: next to the .pte)."),
     variant: Optional[str] = typer.Option(None, help="Variant (qmode or file name) in a folder or repo."),
     max_new_tokens: int = typer.Option(64, help="Tokens to generate at most."),
-    temperature: float = typer.Option(0.0, help="0 means greedy."),
+    chat: Optional[bool] = typer.Option(
+        None, "--chat/--no-chat", help="Send the prompt through the model's chat template (default: when it has one).",
+        show_default=False,
+    ),
+    system: Optional[str] = typer.Option(None, help="System message for the chat template."),
+    temperature: float = typer.Option(0.0, help="Sampling temperature; 0 is greedy (the default)."),
+    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling: keep the smallest set of tokens with this mass."),
+    top_k: int = typer.Option(0, "--top-k", help="Sample among the k likeliest tokens; 0 is off."),
+    repetition_penalty: float = typer.Option(1.0, help="Above 1 discourages repeating tokens (1.1-1.3 is typical)."),
     seed: int = typer.Option(0, help="Sampling seed."),
-    chat: bool = typer.Option(False, help="Wrap the prompt in the model's chat template."),
     endpoint: Optional[str] = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT)."),
     token: Optional[str] = typer.Option(None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False),
 ):
     """Stream text from an exported model and report prefill/decode tokens/s."""
     quiet_torch()
-    from .generate import generate as run_generate
+    from .generate import Sampling, generate as run_generate
 
     path = Path(target)
     if path.exists():
@@ -174,16 +178,16 @@ def generate(
         tokenizer or tokenizer_dir,
         prompt,
         max_new_tokens=max_new_tokens,
-        temperature=temperature,
-        seed=seed,
+        sampling=Sampling(temperature, top_p, top_k, repetition_penalty, seed),
         chat=chat,
+        system=system,
         on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()),
     )
     sys.stdout.write("\n")
     err.print(
         f"[dim]prompt {result.prompt_tokens} tok, prefill {result.prefill_tokens_per_s:.1f} tok/s; "
         f"generated {result.generated_tokens} tok, decode {result.decode_tokens_per_s:.1f} tok/s; "
-        f"stop: {result.stop_reason}[/dim]"
+        f"stop: {result.stop_reason}{'; chat template' if result.chat else ''}[/dim]"
     )
 
 
@@ -305,6 +309,7 @@ def ls_command(
     token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
 ):
     """List the variants of a published repo: size, context, verification, speed."""
+    from .manifest import describe_quality
     from .publish import list_variants
 
     manifest = list_variants(repo_id, endpoint=endpoint, token=token, revision=revision)
@@ -313,6 +318,7 @@ def ls_command(
     table.add_column("qmode", no_wrap=True)
     for column in ("size", "context"):
         table.add_column(column, justify="right", no_wrap=True)
+    table.add_column("quality (text perplexity)")
     table.add_column("verification")
     table.add_column("tok/s", justify="right")
     for v in manifest.variants:
@@ -323,6 +329,7 @@ def ls_command(
             v.qmode + (f"+emb{v.qembedding}" if v.qembedding else ""),
             human_size(v.total_bytes),
             str(v.max_seq_len),
+            escape(describe_quality(check) or "-"),
             escape(_verified_text(check)),
             f"{speed:.0f}" if _is_number(speed) and speed > 0 else "-",
         )
@@ -337,12 +344,9 @@ def _is_number(value) -> bool:
 
 def _verified_text(check: dict) -> str:
     """``ls``'s verification cell; a repo's manifest may lack figures (it is not ours to trust)."""
-    if check.get("skipped"):
-        return "not verified"
-    diff, tolerance, top1 = (check.get(key) for key in ("max_abs_diff", "tolerance", "top1_agreement"))
-    parts = [f"diff {diff:.2g}" + (f" <= {tolerance:.2g}" if _is_number(tolerance) else "")] if _is_number(diff) else []
-    parts += [f"top-1 {top1:.0%}"] if _is_number(top1) else []
-    return ", ".join(parts) or "unknown (the manifest lacks its figures)"
+    from .manifest import describe_verification
+
+    return describe_verification(check)
 
 
 @app.command("pull", epilog="Example:\n\n  hub-export pull alice/SmolLM2-135M-ExecuTorch --variant 8da4w -o smollm2")

@@ -93,6 +93,10 @@ def build_tiny_model(folder: str | Path, config=None, seed: int = 0, card: str |
     folder = Path(folder)
     tokenizer = train_tokenizer()
     config = config or tiny_llama_config(vocab_size=tokenizer.get_vocab_size())
+    if config.pad_token_id is None:
+        # Real configs set a padding token (SmolLM2: 2, Gemma: 0), which gives the embedding a
+        # padding_idx; use one the verification text contains so its row is exercised.
+        config.pad_token_id = tokenizer.encode(" the").ids[0]
     torch.manual_seed(seed)
     model = AutoModelForCausalLM.from_config(config).eval()
     model.generation_config = GenerationConfig(eos_token_id=[config.eos_token_id], bos_token_id=config.bos_token_id)

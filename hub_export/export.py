@@ -292,6 +292,9 @@ def _source_record(src: source_stage.Source, model) -> dict:
     }
     if src.gguf:
         record["gguf"] = dict(src.gguf)
+    from .generate import chat_template
+
+    record["chat_template"] = chat_template(src.path) is not None
     return record
 
 

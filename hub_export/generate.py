@@ -27,6 +27,7 @@ class GenerationResult:
     prefill_seconds: float
     decode_seconds: float
     stop_reason: str  # "eos", "max_new_tokens" or "context_full"
+    chat: bool = False  # whether the prompt went through the chat template
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -39,30 +40,113 @@ class GenerationResult:
         return steps / self.decode_seconds if self.decode_seconds else 0.0
 
 
-def _chat_prompt(tokenizer_dir: Path, prompt: str) -> str:
+@dataclass(frozen=True)
+class Sampling:
+    """How the next token is picked. The default is greedy (temperature 0).
+
+    Example:
+        >>> Sampling(temperature=0.7, top_p=0.9, repetition_penalty=1.1, seed=1)
+    """
+
+    temperature: float = 0.0
+    top_p: float = 1.0
+    top_k: int = 0  # 0: no limit
+    repetition_penalty: float = 1.0
+    seed: int = 0
+
+    def check(self) -> None:
+        if self.temperature < 0:
+            raise InputError(f"--temperature must be 0 (greedy) or more (got {self.temperature})")
+        if not 0 < self.top_p <= 1:
+            raise InputError(f"--top-p must be in (0, 1] (got {self.top_p})")
+        if self.top_k < 0:
+            raise InputError(f"--top-k must be 0 (off) or more (got {self.top_k})")
+        if self.repetition_penalty <= 0:
+            raise InputError(f"--repetition-penalty must be above 0; 1 is off (got {self.repetition_penalty})")
+
+    def pick(self, logits, seen, generator) -> int:
+        """The next token from ``logits`` ``[vocab]``; ``seen`` are the ids so far (for the penalty)."""
+        import torch
+
+        logits = logits.float()
+        if self.repetition_penalty != 1.0 and seen:
+            # The CTRL / transformers rule: shrink the score of every token already in the text.
+            ids = torch.tensor(sorted(set(seen)), dtype=torch.long)
+            scores = logits[ids]
+            logits = logits.clone()
+            logits[ids] = torch.where(scores > 0, scores / self.repetition_penalty, scores * self.repetition_penalty)
+        if self.temperature <= 0:
+            return int(logits.argmax())
+        logits = logits / self.temperature
+        if self.top_k:
+            kth = torch.topk(logits, min(self.top_k, logits.numel())).values[-1]
+            logits = logits.masked_fill(logits < kth, float("-inf"))
+        if self.top_p < 1.0:
+            ordered, order = torch.sort(logits, descending=True)
+            cumulative = torch.softmax(ordered, -1).cumsum(-1)
+            # keep the smallest prefix whose mass reaches top_p (the first token always stays)
+            drop = cumulative - torch.softmax(ordered, -1) >= self.top_p
+            logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
+        return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+
+
+def _special_token(value) -> str:
+    if isinstance(value, dict):
+        value = value.get("content")
+    return value if isinstance(value, str) else ""
+
+
+def chat_template(tokenizer_dir: str | Path) -> str | None:
+    """The model's chat template, from whichever file its tokenizer keeps it in (``None`` if it has none).
+
+    Looks in ``chat_template.jinja``, ``chat_template.json`` and ``tokenizer_config.json``;
+    a list of named templates yields the one named ``default``.
+    """
+    folder = Path(tokenizer_dir)
+    if (folder / "chat_template.jinja").is_file():
+        return (folder / "chat_template.jinja").read_text(encoding="utf-8")
+    for name in ("chat_template.json", "tokenizer_config.json"):
+        try:
+            template = json.loads((folder / name).read_text(encoding="utf-8")).get("chat_template")
+        except (OSError, ValueError, AttributeError):
+            continue
+        if isinstance(template, list):
+            named = {t.get("name"): t.get("template") for t in template if isinstance(t, dict)}
+            template = named.get("default") or next(iter(named.values()), None)
+        if isinstance(template, str) and template.strip():
+            return template
+    return None
+
+
+def chat_prompt(tokenizer_dir: str | Path, prompt: str, system: str | None = None) -> str:
+    """``prompt`` (and ``system``) rendered with the model's chat template, ready for generation."""
+    from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
-    config_path = tokenizer_dir / "tokenizer_config.json"
-    template = None
-    if (tokenizer_dir / "chat_template.jinja").is_file():
-        template = (tokenizer_dir / "chat_template.jinja").read_text()
-    elif config_path.is_file():
-        template = json.loads(config_path.read_text()).get("chat_template")
-    if not template or not isinstance(template, str):
-        raise InputError("this model has no chat template; drop --chat to send the prompt as is")
+    template = chat_template(tokenizer_dir)
+    if template is None:
+        raise InputError("this model has no chat template; pass --no-chat to send the prompt as is")
+    try:
+        config = json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        config = {}
+    config = config if isinstance(config, dict) else {}
+
+    def raise_exception(message):
+        raise TemplateError(message)
+
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
-    return env.from_string(template).render(
-        messages=[{"role": "user", "content": prompt}], add_generation_prompt=True, bos_token="", eos_token=""
-    )
-
-
-def _sample(logits, temperature: float, generator) -> int:
-    import torch
-
-    if temperature <= 0:
-        return int(logits.argmax())
-    probs = torch.softmax(logits.float() / temperature, dim=-1)
-    return int(torch.multinomial(probs, 1, generator=generator))
+    env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: time.strftime(fmt))
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    try:
+        return env.from_string(template).render(
+            messages=messages,
+            add_generation_prompt=True,
+            bos_token=_special_token(config.get("bos_token")),
+            eos_token=_special_token(config.get("eos_token")),
+        )
+    except TemplateError as error:
+        raise InputError(f"the model's chat template refused the prompt: {error}") from None
 
 
 def generate(
@@ -71,12 +155,16 @@ def generate(
     prompt: str,
     *,
     max_new_tokens: int = 64,
-    temperature: float = 0.0,
-    seed: int = 0,
-    chat: bool = False,
+    sampling: Sampling | None = None,
+    chat: bool | None = None,
+    system: str | None = None,
     on_text: Callable[[str], None] | None = None,
 ) -> GenerationResult:
     """Generate from ``prompt`` with a ``.pte``; ``on_text`` receives text as it streams.
+
+    ``chat`` (default: whenever the model has a chat template) sends ``prompt`` as a
+    user message through the template, with ``system`` as the system message.
+    ``sampling`` defaults to greedy.
 
     Example:
         >>> result = generate("out/model-8da4w.pte", "out", "Once upon a time", max_new_tokens=32,
@@ -101,14 +189,22 @@ def generate(
     max_len = int(model.metadata.get("get_max_seq_len", 0))
     eos = set(model.metadata.get("get_eos_ids", []))
 
-    text_prompt = _chat_prompt(tokenizer_dir, prompt) if chat else prompt
-    ids = tokenizer.encode(text_prompt).ids
+    sampling = sampling or Sampling()
+    sampling.check()
+    if chat is None:
+        chat = chat_template(tokenizer_dir) is not None
+    if system and not chat:
+        raise InputError("--system needs the chat template; drop --no-chat")
+    # A rendered template carries its own special tokens (BOS included), as transformers' apply_chat_template does.
+    ids = (tokenizer.encode(chat_prompt(tokenizer_dir, prompt, system), add_special_tokens=False).ids if chat
+           else tokenizer.encode(prompt).ids)
     if not ids:
         raise InputError("the prompt is empty after tokenization")
     if len(ids) >= max_len:
         raise InputError(f"the prompt is {len(ids)} tokens; this file holds at most {max_len - 1}")
 
-    generator = torch.Generator().manual_seed(seed)
+    generator = torch.Generator().manual_seed(sampling.seed)
+    seen = list(ids)
     stream = DecodeStream(skip_special_tokens=True)
     pieces: list[str] = []
     emit = on_text or (lambda piece: None)
@@ -120,7 +216,8 @@ def generate(
     position, generated, stop = len(ids), 0, "max_new_tokens"
     decode_started = time.perf_counter()
     while True:
-        token = _sample(logits, temperature, generator)
+        token = sampling.pick(logits, seen, generator)
+        seen.append(token)
         generated += 1
         if token in eos:
             stop = "eos"
@@ -137,4 +234,4 @@ def generate(
         logits = model.forward(torch.tensor([[token]], dtype=torch.long), start_pos=position)
         position += 1
     decode_seconds = time.perf_counter() - decode_started
-    return GenerationResult("".join(pieces), len(ids), generated, prefill_seconds, decode_seconds, stop)
+    return GenerationResult("".join(pieces), len(ids), generated, prefill_seconds, decode_seconds, stop, chat)

@@ -285,3 +285,36 @@ def machine_description() -> str:
     except OSError:
         pass
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
+
+
+def _number(value) -> bool:
+    return isinstance(value, (int, float)) and not isinstance(value, bool)
+
+
+def describe_verification(check: dict) -> str:
+    """One line for a variant's verification record, tolerant of missing figures (a repo's manifest is not ours).
+
+    Example:
+        >>> describe_verification({"passed": True, "mean_kl_vs_eager": 0.024, "top1_agreement": 0.88})
+        'KL 0.024, top-1 88% vs eager'
+    """
+    if not isinstance(check, dict) or check.get("skipped"):
+        return "not verified"
+    kl, top1 = check.get("mean_kl_vs_eager"), check.get("top1_agreement")
+    parts = ([f"KL {kl:.2g}"] if _number(kl) else []) + ([f"top-1 {top1:.0%}"] if _number(top1) else [])
+    if not parts and _number(check.get("max_abs_diff")):  # a manifest from before the KL judge
+        parts = [f"diff {check['max_abs_diff']:.2g}"]
+    return (", ".join(parts) + " vs eager") if parts else "unknown (the manifest lacks its figures)"
+
+
+def describe_quality(check: dict) -> str | None:
+    """``ppl 33.7 (1.50x fp32), top-1 60%, KL 0.47`` from ``verification.quality``, or ``None``."""
+    quality = check.get("quality") if isinstance(check, dict) else None
+    if not isinstance(quality, dict) or not all(_number(quality.get(k)) for k in ("perplexity", "ratio")):
+        return None
+    text = f"ppl {quality['perplexity']:.1f} ({quality['ratio']:.2f}x fp32)"
+    if _number(quality.get("top1")):
+        text += f", top-1 {quality['top1']:.0%}"
+    if _number(quality.get("kl")):
+        text += f", KL {quality['kl']:.2f}"
+    return text

@@ -23,7 +23,7 @@ from typing import Any, Callable, Iterator, Sequence
 
 from . import card as card_module
 from .errors import HubError, HubExportError, InputError, VerificationError
-from .manifest import MANIFEST_NAME, Manifest, Variant, sha256_file
+from .manifest import MANIFEST_NAME, Manifest, Variant, describe_quality, describe_verification, sha256_file
 from .source import CONFIG_FILES, TOKENIZER_FILES, network_errors
 
 log = logging.getLogger(__name__)
@@ -408,10 +408,10 @@ def _commit_message(variants: Sequence[Variant]) -> str:
 def _commit_description(local: Manifest, merged: Manifest) -> str:
     lines = [f"Exported from {local.source.get('id')} with hub-export {local.versions.get('hub-export', '')}."]
     for v in local.variants:
-        check = v.verification
+        quality = describe_quality(v.verification)
         lines.append(
-            f"- {v.file}: max abs diff {check.get('max_abs_diff')} <= {check.get('tolerance')}, "
-            f"top-1 {check.get('top1_agreement')}, max context {v.max_seq_len}"
+            f"- {v.file}: verified {describe_verification(v.verification)}"
+            + (f"; {quality}" if quality else "") + f"; max context {v.max_seq_len}"
         )
     lines.append(f"Variants in the repo after this commit: {', '.join(v.file for v in merged.variants)}.")
     return "\n".join(lines)

@@ -38,6 +38,10 @@ EVAL_TEXT = "eval_en.txt"
 DEFAULT_QUALITY_TOKENS = 2048
 MAX_WINDOW = 512  # tokens per evaluation window (less when the cache is shorter)
 TOP_K = 128
+# The judge compares the runtime with quantized eager on the prompt and the first
+# windows of the text only: torchao's reference int8 kernels are slow in eager, and
+# about 500 positions already separate a broken file from an honest one.
+JUDGE_TEXT_TOKENS = 512
 
 # Pass/fail: the runtime against the eager model with the same quantization.
 # Measured on real SmolLM2-135M-Instruct and Gemma 3 270M (see the README, "How
@@ -48,6 +52,10 @@ TOP_K = 128
 # int8 kernels (XNNPACK vs torchao's reference), which moves a few near-ties.
 MAX_MEAN_KL = {"fp32": 1e-3, "weight_only": 0.02, "dynamic": 0.1}
 MIN_TOP1 = {"fp32": 0.98, "weight_only": 0.9, "dynamic": 0.8}
+# Near-ties: where the reference itself barely prefers its top token (random-weight
+# models are full of them), the runtime picking the runner-up within this many nats
+# of log-probability still counts as agreement for the judge.
+TIE_NATS = {"fp32": 1e-3, "weight_only": 1e-2, "dynamic": 0.05}
 FP32_MAX_ABS = 1e-3  # relative to the logit scale: an fp32 file must be float-exact
 
 
@@ -73,6 +81,13 @@ class TokenStats:
     @property
     def argmax(self) -> torch.Tensor:
         return self.top_ids[:, 0]
+
+
+def top1_within_ties(reference: TokenStats, logprobs: torch.Tensor, tie: float) -> float:
+    """Share of positions where the candidate's top token is the reference's, or the candidate rates the
+    reference's top token within ``tie`` nats of its own pick (a near-tie it merely broke the other way)."""
+    gap = logprobs.max(-1).values - logprobs.gather(-1, reference.argmax.view(-1, 1)).squeeze(-1)
+    return (gap <= tie).float().mean().item()
 
 
 def mean_kl(reference: TokenStats, logprobs: torch.Tensor) -> float:
@@ -135,7 +150,8 @@ class Verification:
     passed: bool
     positions: int  # runtime positions compared with eager (prompt + evaluation text)
     mean_kl_vs_eager: float
-    top1_agreement: float
+    top1_agreement: float  # exact argmax agreement
+    top1_within_ties: float  # what the judge uses: near-ties (TIE_NATS) count as agreement
     max_kl: float
     min_top1: float
     max_abs_diff: float  # over the prompt sequence
@@ -246,7 +262,18 @@ def expected_logits(quantized_model, reference: Reference) -> Expected:
     """
     seq = reference.sequences
     prompt = _eager_logits(quantized_model, seq.prompt_tokens)[seq.prompt_len - 1 :]
-    return Expected(prompt, _text_stats(quantized_model, seq.windows))
+    return Expected(prompt, _text_stats(quantized_model, judged_windows(seq.windows)))
+
+
+def judged_windows(windows: list[torch.Tensor]) -> list[torch.Tensor]:
+    """The leading windows (at least :data:`JUDGE_TEXT_TOKENS` predictions) the judge compares with eager."""
+    chosen, count = [], 0
+    for window in windows:
+        if count >= JUDGE_TEXT_TOKENS:
+            break
+        chosen.append(window)
+        count += window.shape[1] - 1
+    return chosen
 
 
 def _pte_rows(pte: PteModel, tokens: torch.Tensor, prefill: int, last: int):
@@ -305,7 +332,7 @@ def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_j
         quant_top1_vs_fp32=_top1(eager, fp32_logits),
     )
     limits = dict(max_kl=MAX_MEAN_KL[kind], min_top1=MIN_TOP1[kind])
-    figures = dict(positions=eager.shape[0], mean_kl_vs_eager=float("nan"), top1_agreement=0.0,
+    figures = dict(positions=eager.shape[0], mean_kl_vs_eager=float("nan"), top1_agreement=0.0, top1_within_ties=0.0,
                    max_abs_diff=float("nan"), relative_l2=float("nan"))
 
     def result(passed: bool, failure: str | None = None, runner: dict | None = None, quality=None) -> Verification:
@@ -333,7 +360,7 @@ def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_j
     all_logprobs = [prompt_logprobs]
     references = [eager_prompt]
     if expected.text is not None and text_logprobs.numel():
-        all_logprobs.append(text_logprobs.float())
+        all_logprobs.append(text_logprobs[: expected.text.top_ids.shape[0]].float())
         references.append(expected.text)
     candidate = torch.cat(all_logprobs)
     target = TokenStats.concat([TokenStats(r.top_ids, r.top_logprobs, torch.empty(0)) for r in references])
@@ -341,6 +368,7 @@ def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_j
         positions=candidate.shape[0],
         mean_kl_vs_eager=mean_kl(target, candidate),
         top1_agreement=(candidate.argmax(-1) == target.argmax).float().mean().item(),
+        top1_within_ties=top1_within_ties(target, candidate, TIE_NATS[kind]),
         max_abs_diff=(prompt_rows - eager).abs().max().item(),
         relative_l2=_relative_l2(prompt_rows, eager),
     )
@@ -350,13 +378,13 @@ def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_j
         quality = _quality(seq.text_name, text_logprobs, reference.fp32_text, targets)
     del candidate, text_logprobs
 
-    kl, top1 = figures["mean_kl_vs_eager"], figures["top1_agreement"]
+    kl, top1 = figures["mean_kl_vs_eager"], figures["top1_within_ties"]
     if kl > limits["max_kl"]:
         return result(False, f"mean KL from eager {kl:.3g} exceeds {limits['max_kl']:.3g} over {figures['positions']} positions "
                              f"(top-1 agreement {top1:.0%})", quality=quality)
     if top1 < limits["min_top1"]:
-        return result(False, f"top-1 agreement with eager {top1:.0%} is below {limits['min_top1']:.0%} "
-                             f"over {figures['positions']} positions", quality=quality)
+        return result(False, f"top-1 agreement with eager {top1:.0%} (near-ties counted) is below "
+                             f"{limits['min_top1']:.0%} over {figures['positions']} positions", quality=quality)
     if kind == "fp32" and figures["max_abs_diff"] > FP32_MAX_ABS * max(scale, 1.0):
         return result(False, f"max abs logit diff {figures['max_abs_diff']:.3g} exceeds {FP32_MAX_ABS * max(scale, 1.0):.3g} "
                              "for a float32 file", quality=quality)

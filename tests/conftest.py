@@ -16,6 +16,20 @@ pytest_plugins = ["hub_export.localhub.pytest_plugin"]
 warnings.filterwarnings("ignore")
 
 
+@pytest.fixture(scope="session", autouse=True)
+def private_conversion_cache(tmp_path_factory):
+    """GGUF conversions go to a session folder, never the user's cache."""
+    import os
+
+    previous = os.environ.get("HUB_EXPORT_CACHE")
+    os.environ["HUB_EXPORT_CACHE"] = str(tmp_path_factory.mktemp("hub-export-cache"))
+    yield
+    if previous is None:
+        os.environ.pop("HUB_EXPORT_CACHE", None)
+    else:
+        os.environ["HUB_EXPORT_CACHE"] = previous
+
+
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A random-weight 2-layer Llama with tied embeddings and a BPE tokenizer."""

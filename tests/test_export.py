@@ -39,8 +39,10 @@ def test_manifest_records_what_a_user_needs(exported_multi):
         assert variant.max_seq_len == 64 and variant.qembedding == "8w"
         assert variant.export_seconds > 0
         check = variant.verification
-        assert check["passed"] and check["max_abs_diff"] <= check["tolerance"]
-        assert check["top1_agreement"] >= 0.5 and check["runner_generated_tokens"] >= 1
+        assert check["passed"] and check["mean_kl_vs_eager"] <= check["max_kl"]
+        assert check["top1_within_ties"] >= check["min_top1"] and check["runner_generated_tokens"] >= 1
+        # every variant is scored on the evaluation text (random weights: perplexity near the vocabulary size)
+        assert check["quality"]["tokens"] >= 2000 and check["quality"]["perplexity"] > 1
     assert manifest.variant("8da4w").group_size == 32 and manifest.variant("fp32").group_size is None
     # fp32 must match eager almost exactly; the quantized variant must be far smaller.
     assert manifest.variant("fp32").verification["max_abs_diff"] < 1e-3
@@ -246,7 +248,7 @@ def test_verification_fails_on_a_corrupted_pte(exported_multi, tiny_model, tmp_p
     reference = build_reference(model, tiny_model / "tokenizer.json", 64)
     result = verify(broken, expected_logits(model, reference), reference, tiny_model / "tokenizer.json", "fp32")
     assert not result.passed
-    assert result.failure and ("exceeds tolerance" in result.failure or "runtime" in result.failure)
+    assert result.failure and ("KL" in result.failure or "runtime" in result.failure or "exceeds" in result.failure)
 
 
 def test_failed_verification_fails_the_command_and_leaves_nothing(tiny_model, tmp_path, capsys, monkeypatch):
