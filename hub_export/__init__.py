@@ -26,7 +26,7 @@ from .errors import ExportError, HubError, HubExportError, InputError, SourceErr
 from .archs import FAMILIES
 from .card import render_card
 from .export import ExportOptions, export, read_manifest
-from .generate import GenerationResult, generate
+from .generate import GenerationResult, Sampling, generate
 from .manifest import Manifest, Variant
 from .publish import list_variants, pull, push
 from .quantize import QMODES
@@ -40,6 +40,7 @@ __all__ = [
     "Manifest",
     "Variant",
     "generate",
+    "Sampling",
     "GenerationResult",
     "push",
     "pull",
