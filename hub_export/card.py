@@ -12,6 +12,8 @@ The card holds no token and no absolute local path: it is published as is.
 from __future__ import annotations
 
 import json
+import re
+import shlex
 from pathlib import Path
 from typing import Any, Mapping
 
@@ -24,6 +26,11 @@ CARD_NAME = "README.md"
 DEFAULT_TEMPLATE = "model_card.md.j2"
 # The source card's keys a quantized copy must keep: its terms of use and its languages.
 INHERITED_KEYS = ("license", "license_name", "license_link", "language")
+# What the exporter may say about a local or GGUF source, which hub-export cannot know:
+# kept in the manifest's source record, and passed again by the reproduce command.
+DECLARED_FLAGS = {"base_model": "--base-model", "license": "--license", "model_name": "--model-name"}
+# Hub license ids are lower-case words, digits, dots and dashes ("apache-2.0", "llama3.2", "other").
+LICENSE_ID = re.compile(r"[a-z0-9][a-z0-9.+-]*")
 
 
 def templates_dir() -> Path:
@@ -77,12 +84,70 @@ def inherited(card_data: Mapping[str, Any] | None) -> dict[str, Any]:
     return {k: card_data[k] for k in INHERITED_KEYS if card_data and card_data.get(k) not in (None, "", [])}
 
 
+def declared_source(
+    base_model: str | None = None, license: str | None = None, model_name: str | None = None
+) -> dict[str, str]:
+    """Check what the exporter says about the model (``--base-model``, ``--license``, ``--model-name``).
+
+    Returns the keys to add to the manifest's source record; those not given are left out,
+    so an export without them records what it always did.
+
+    Example:
+        >>> declared_source("HuggingFaceTB/SmolLM2-135M-Instruct", "Apache-2.0")
+        {'base_model': 'HuggingFaceTB/SmolLM2-135M-Instruct', 'license': 'apache-2.0'}
+    """
+    declared: dict[str, str] = {}
+    if base_model is not None:
+        declared["base_model"] = _checked_base_model(base_model.strip())
+    if license is not None:
+        value = license.strip().lower()
+        if not LICENSE_ID.fullmatch(value):
+            raise InputError(f"--license {license!r} is not a Hub license id; use one like apache-2.0, mit or other")
+        declared["license"] = value
+    if model_name is not None:
+        name = " ".join(model_name.split())
+        if not name or len(name) > 96:
+            raise InputError("--model-name must be a name of 1 to 96 characters on one line")
+        declared["model_name"] = name
+    return declared
+
+
+def _checked_base_model(repo_id: str) -> str:
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+        valid = repo_id.count("/") == 1  # the Hub links a base model by ORG/NAME
+    except HFValidationError:
+        valid = False
+    if not valid:
+        raise InputError(f"--base-model {repo_id!r} is not a Hub model id; use ORG/NAME, e.g. HuggingFaceTB/SmolLM2-135M")
+    return repo_id
+
+
 def source_url(manifest: Manifest, endpoint: str | None = None) -> str | None:
     """The source model's page on the Hub, or None for a local folder source."""
     source = manifest.source
     if source.get("local") or not source.get("id"):
         return None
     return f"{(endpoint or _default_endpoint()).rstrip('/')}/{source['id']}"
+
+
+def base_model(manifest: Manifest) -> str | None:
+    """The Hub model these files are a quantized copy of: the one the exporter named, else a Hub source."""
+    source = manifest.source
+    if isinstance(source.get("base_model"), str) and source["base_model"]:
+        return source["base_model"]
+    if not source.get("local") and source.get("id"):
+        return source["id"]
+    return None
+
+
+def model_name(manifest: Manifest) -> str:
+    """What the card calls the model: the name given, else the base model, else the source's id or folder."""
+    source = manifest.source
+    return source.get("model_name") or base_model(manifest) or source.get("id") or "model"
 
 
 def _default_endpoint() -> str:
@@ -100,15 +165,28 @@ def card_metadata(manifest: Manifest, source_card_data: Mapping[str, Any] | None
     """
     source = manifest.source
     data: dict[str, Any] = {}
-    # A local folder has no Hub id to point at, and the Hub wants a relation only with a base.
-    if not source.get("local") and source.get("id"):
-        data["base_model"] = source["id"]
+    # A local folder has no Hub id to point at unless the exporter named one; the Hub wants
+    # a relation only with a base.
+    base = base_model(manifest)
+    if base:
+        data["base_model"] = base
         data["base_model_relation"] = "quantized"
     data["library_name"] = "executorch"
     data["pipeline_tag"] = "text-generation"
-    data.update(inherited(source_card_data if source_card_data is not None else source.get("card_data")))
+    data.update(_terms(source, source_card_data if source_card_data is not None else source.get("card_data")))
     data["tags"] = _tags(manifest)
     return data
+
+
+def _terms(source: Mapping[str, Any], card_data: Mapping[str, Any] | None) -> dict[str, Any]:
+    """The inherited license and language, with the exporter's ``--license`` over the inherited one."""
+    terms = inherited(card_data)
+    declared = source.get("license")
+    if declared and terms.get("license") != declared:
+        # The inherited name and link describe another license: they would contradict it.
+        terms = {k: v for k, v in terms.items() if k not in ("license_name", "license_link")}
+        terms = {"license": declared, **{k: v for k, v in terms.items() if k != "license"}}
+    return terms
 
 
 def _tags(manifest: Manifest) -> list[str]:
@@ -206,11 +284,18 @@ def card_context(
     """Everything the template may use, already formatted (templates stay logic-free)."""
     source = manifest.source
     variants = [_variant_view(v) for v in manifest.variants]
+    card_data = card_metadata(manifest, source_card_data)
+    base = base_model(manifest)
     return {
-        "card_data": card_metadata(manifest, source_card_data),
+        "card_data": card_data,
+        "model_name": model_name(manifest),
+        "base_model": base,
+        "base_model_url": f"{(endpoint or _default_endpoint()).rstrip('/')}/{base}" if base else None,
+        "license": card_data.get("license"),
         "source_id": source.get("id") or "model",
         "source_url": source_url(manifest, endpoint),
         "source_local": bool(source.get("local")),
+        "local_placeholder": local_placeholder(manifest),
         "source_revision": source.get("revision"),
         "model_type": source.get("model_type") or "",
         "architecture": source.get("architecture") or "",
@@ -222,7 +307,7 @@ def card_context(
         "variants": variants,
         "first": variants[0] if variants else None,
         "machine": manifest.machine or "an unrecorded machine",
-        "commands": [line for line in manifest.command.splitlines() if line.strip()],
+        "commands": reproduce_commands(manifest),
         "versions": dict(manifest.versions),
         "hub_export_version": manifest.versions.get("hub-export", ""),
         "max_seq_lens": sorted({v.max_seq_len for v in manifest.variants}),
@@ -230,6 +315,61 @@ def card_context(
         "config_known": bool(config),
         "all_verified": all(v["verified"] for v in variants),
     }
+
+
+def local_placeholder(manifest: Manifest) -> str | None:
+    """``path/to/NAME``: what a reproduce command names instead of a local source nobody else has."""
+    source = manifest.source
+    if not source.get("local"):
+        return None
+    gguf = _gguf_view(source.get("gguf"))
+    # A GGUF given as a file path was recorded by its file name; a folder by the folder's.
+    name = _recorded_source(manifest) or (gguf["file"] if gguf else source.get("id")) or "model"
+    return f"path/to/{Path(name).name}"
+
+
+def _recorded_source(manifest: Manifest) -> str | None:
+    """The source argument of the manifest's first ``hub-export export`` command."""
+    for line in manifest.command.splitlines():
+        words = _words(line)
+        if words and words[:2] == ["hub-export", "export"] and len(words) > 2:
+            return words[2]
+    return None
+
+
+def _words(line: str) -> list[str] | None:
+    try:
+        return shlex.split(line)
+    except ValueError:
+        return None
+
+
+def reproduce_commands(manifest: Manifest) -> list[str]:
+    """The manifest's export commands, made runnable by a reader of the card.
+
+    A local source becomes a ``path/to/NAME`` placeholder (the folder name alone would
+    name a folder nobody has), and what the exporter declared (``--base-model``,
+    ``--license``, ``--model-name``) is passed again, so the command rebuilds this card too.
+    """
+    placeholder = local_placeholder(manifest)
+    commands = []
+    for line in manifest.command.splitlines():
+        words = _words(line)
+        if not line.strip() or not words or words[:2] != ["hub-export", "export"] or len(words) < 3:
+            if line.strip():
+                commands.append(line)
+            continue
+        if placeholder:
+            words[2] = placeholder
+        missing = [
+            part
+            for key, flag in DECLARED_FLAGS.items()
+            if isinstance(manifest.source.get(key), str) and manifest.source[key] and flag not in words
+            for part in (flag, manifest.source[key])
+        ]
+        words[3:3] = missing  # after the source, where the export recorded them
+        commands.append(shlex.join(words))
+    return commands
 
 
 def sliding_window(config: Mapping[str, Any] | None) -> int | None:

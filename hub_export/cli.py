@@ -66,6 +66,12 @@ SHARE_HELP = (
 JOBS_HELP = "Variants to build at once, each in its own process (default: as many as cores and memory allow)."
 GGUF_HELP = "Read the weights from this .gguf file in the repo or folder (dequantized; tokenizer from its metadata)."
 QUALITY_HELP = "Tokens of English text each variant is scored on (perplexity, top-1, KL vs fp32); 0: off."
+BASE_MODEL_HELP = (
+    "Hub id (ORG/NAME) of the model a local or GGUF source is a copy of: the card links it, sets base_model "
+    "and inherits its license and language."
+)
+LICENSE_HELP = "License id for the card (e.g. apache-2.0), over the one inherited from the source's card."
+MODEL_NAME_HELP = "The model's name for the card's title (default: --base-model, else the source's id or folder name)."
 QMODE_HELP = "Quantization of linear layers; repeat for several variants: fp32, 8da4w, 8da8w (4w, 8w: see docs)."
 
 
@@ -73,7 +79,8 @@ QMODE_HELP = "Quantization of linear layers; repeat for several variants: fp32, 
     epilog=(
         "Examples:\n\n"
         "  hub-export export HuggingFaceTB/SmolLM2-135M -o smollm2 --qmode 8da4w --qembedding 8w --max-seq-len 256\n\n"
-        "  hub-export export ./my-model -o out --qmode 8da4w --qmode fp32"
+        "  hub-export export ./my-model -o out --qmode 8da4w --qmode fp32\n\n"
+        "  hub-export export ./my-finetune -o out --base-model HuggingFaceTB/SmolLM2-135M-Instruct --license apache-2.0"
     )
 )
 def export(
@@ -93,6 +100,9 @@ def export(
     share_embeddings: bool = typer.Option(False, "--share-embeddings", help=SHARE_HELP),
     gguf_file: Optional[str] = typer.Option(None, "--gguf-file", help=GGUF_HELP, show_default=False),
     quality_tokens: int = typer.Option(2048, "--quality-tokens", help=QUALITY_HELP),
+    base_model: Optional[str] = typer.Option(None, "--base-model", help=BASE_MODEL_HELP, show_default=False),
+    license: Optional[str] = typer.Option(None, "--license", help=LICENSE_HELP, show_default=False),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help=MODEL_NAME_HELP, show_default=False),
     overwrite: bool = typer.Option(False, help="Replace a non-empty output folder."),
 ):
     """Export a causal LM to verified ExecuTorch .pte variants (one per --qmode)."""
@@ -113,6 +123,9 @@ def export(
             share_embeddings=share_embeddings,
             gguf_file=gguf_file,
             quality_tokens=quality_tokens,
+            base_model=base_model,
+            license=license,
+            model_name=model_name,
             revision=revision,
             token=token,
             endpoint=endpoint,
@@ -244,6 +257,9 @@ def push_command(
     share_embeddings: bool = typer.Option(False, "--share-embeddings", help=SHARE_HELP),
     gguf_file: Optional[str] = typer.Option(None, "--gguf-file", help=GGUF_HELP, show_default=False),
     quality_tokens: int = typer.Option(2048, "--quality-tokens", help=QUALITY_HELP),
+    base_model: Optional[str] = typer.Option(None, "--base-model", help=BASE_MODEL_HELP, show_default=False),
+    license: Optional[str] = typer.Option(None, "--license", help=LICENSE_HELP, show_default=False),
+    model_name: Optional[str] = typer.Option(None, "--model-name", help=MODEL_NAME_HELP, show_default=False),
     revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the SOURCE repo to export."),
     branch: Optional[str] = typer.Option(None, help="Target branch to push to (created from main if missing)."),
     private: bool = typer.Option(False, help="Create the repo private (new repos only)."),
@@ -252,6 +268,7 @@ def push_command(
     exist_ok: bool = typer.Option(False, help="Allow pushing into an existing repo not made by hub-export."),
     template: Optional[Path] = typer.Option(None, help="Jinja2 template for the model card body."),
     source_card: Optional[Path] = typer.Option(None, help="README.md of the source (license/language to inherit)."),
+    force: bool = typer.Option(False, "--force", help="Rebuild even if the repo holds these variants built the same way."),
     trust_remote_code: bool = typer.Option(False, help="Allow models that need custom code from the repo."),
     allow_pickle: bool = typer.Option(False, help="Allow pickle (*.bin) weights, which can run code when loaded."),
     endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
@@ -278,6 +295,9 @@ def push_command(
             share_embeddings=share_embeddings,
             gguf_file=gguf_file,
             quality_tokens=quality_tokens,
+            base_model=base_model,
+            license=license,
+            model_name=model_name,
             revision=revision,
             trust_remote_code=trust_remote_code,
             allow_pickle=allow_pickle,
@@ -288,6 +308,7 @@ def push_command(
             exist_ok=exist_ok,
             template=template,
             source_card=source_card,
+            force=force,
             token=token,
             endpoint=endpoint,
             progress=say,

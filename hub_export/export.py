@@ -281,7 +281,7 @@ def _copy_source_files(src: source_stage.Source, workdir: Path) -> None:
             shutil.copyfile(src.path / name, workdir / name)
 
 
-def _source_record(src: source_stage.Source, model) -> dict:
+def _source_record(src: source_stage.Source, model, declared: dict | None = None) -> dict:
     record = {
         "id": src.name,
         "revision": src.revision,
@@ -292,10 +292,33 @@ def _source_record(src: source_stage.Source, model) -> dict:
     }
     if src.gguf:
         record["gguf"] = dict(src.gguf)
+    record["fingerprint"] = source_stage.fingerprint(src)
     from .generate import chat_template
 
     record["chat_template"] = chat_template(src.path) is not None
+    record.update(declared or {})  # what the exporter said the model is (--base-model, --license, --model-name)
     return record
+
+
+def _declared_source(
+    source: str, gguf_file: str | None, base_model: str | None, license: str | None, model_name: str | None
+) -> dict[str, str]:
+    """The checked ``--base-model``/``--license``/``--model-name`` of an export, for its source record.
+
+    ``--base-model`` is for what hub-export cannot identify (a local folder, a GGUF file):
+    a Hub repo of safetensors is its own base model, and naming another would mislabel it.
+    """
+    from .card import declared_source as checked
+
+    declared = checked(base_model, license, model_name)
+    is_local = Path(source).expanduser().exists()
+    is_gguf = gguf_file is not None or source.endswith(".gguf")
+    if "base_model" in declared and not (is_local or is_gguf):
+        raise InputError(
+            f"--base-model is for local folders and GGUF files; {source} is a Hub repo, which the card links as its "
+            "base model already: drop --base-model"
+        )
+    return declared
 
 
 def _prepare_output(output_dir: Path, overwrite: bool) -> Path:
@@ -324,6 +347,9 @@ def export(
     share_embeddings: bool = False,
     quality_tokens: int = DEFAULT_QUALITY_TOKENS,
     gguf_file: str | None = None,
+    base_model: str | None = None,
+    license: str | None = None,
+    model_name: str | None = None,
     revision: str | None = None,
     token: str | None = None,
     endpoint: str | None = None,
@@ -343,7 +369,9 @@ def export(
     :func:`hub_export.quantize.quantize_model`). ``quality_tokens`` is how many tokens
     of the shipped English evaluation text each variant is scored on (perplexity,
     top-1 and KL against fp32; 0 turns it off). ``gguf_file`` reads the weights from
-    that ``.gguf`` in the repo or folder instead of safetensors.
+    that ``.gguf`` in the repo or folder instead of safetensors. ``base_model`` (the Hub
+    model a local or GGUF source is a copy of), ``license`` and ``model_name`` are
+    recorded in the manifest's source record for the model card.
 
     Example:
         >>> manifest = export("HuggingFaceTB/SmolLM2-135M", "out", qmodes=["8da4w", "fp32"], max_seq_len=256)
@@ -352,6 +380,7 @@ def export(
     """
     options = ExportOptions(qmodes, qembedding, group_size, max_seq_len, verify, jobs, share_embeddings, quality_tokens)
     options.validate()
+    declared = _declared_source(source, gguf_file, base_model, license, model_name)
     say = progress or (lambda message: log.info(message))
     output_dir = Path(output_dir)
     resolved_len: dict[str, int] = {}
@@ -391,7 +420,7 @@ def export(
             say(f"computing the fp32 eager reference (prompt + {options.quality_tokens} tokens of evaluation text)")
             reference = build_reference(model, src.path / "tokenizer.json", seq_len, options.quality_tokens,
                                         token_ids(model)[0])
-        source_record = _source_record(src, model)
+        source_record = _source_record(src, model, declared)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         workers = worker_count(options.jobs, len(options.qmodes), weight_bytes)
         if workers > 1:
@@ -415,7 +444,7 @@ def export(
             source=source_record,
             versions=package_versions(),
             variants=variants,
-            command=command or _default_command(source, options, revision, gguf_file),
+            command=command or _default_command(source, options, revision, gguf_file, declared),
             machine=machine_description(),
         )
         manifest.write(workdir)
@@ -426,8 +455,12 @@ def export(
     return manifest
 
 
-def _default_command(source: str, options: ExportOptions, revision: str | None, gguf_file: str | None = None) -> str:
+def _default_command(
+    source: str, options: ExportOptions, revision: str | None, gguf_file: str | None = None, declared: dict | None = None
+) -> str:
     parts = ["hub-export", "export", source if not Path(source).expanduser().exists() else Path(source).name]
+    for key, value in (declared or {}).items():
+        parts += ["--" + key.replace("_", "-"), value]
     if revision:
         parts += ["--revision", revision]
     if gguf_file:

@@ -244,6 +244,10 @@ def check_manifest(data: Any, where: str = MANIFEST_NAME) -> None:
         if name not in data:
             raise _bad(where, "the manifest", f"lacks {name!r}")
     _check_type(where, "source", data["source"], dict, "an object")
+    # What the exporter declared goes into the card's front matter and links: text only.
+    for name in ("base_model", "license", "model_name"):
+        if name in data["source"]:
+            _check_type(where, f"source.{name}", data["source"][name], str, "a string")
     _check_type(where, "versions", data["versions"], dict, "an object")
     if not all(isinstance(value, str) for value in data["versions"].values()):
         raise _bad(where, "versions", "has a value that is not a version string")

@@ -331,7 +331,13 @@ def _source_card_data(
     if manifest.source.get("card_data"):
         return dict(manifest.source["card_data"])
     if source and Path(source).expanduser().is_dir():
-        return card_module.read_source_card(Path(source).expanduser())
+        data = card_module.read_source_card(Path(source).expanduser())
+        if data or not manifest.source.get("base_model"):
+            return data
+    if manifest.source.get("base_model"):
+        data = _base_model_card(manifest.source["base_model"], token, endpoint)
+        if data:
+            return data
     if not manifest.source.get("local") and manifest.source.get("id"):
         try:
             return _hub_source_card(manifest.source["id"], manifest.source.get("revision"), token, endpoint)
@@ -340,6 +346,19 @@ def _source_card_data(
                 raise
             # --from: the source may live on another Hub than the target; fall back to the folder.
     return card_module.read_source_card(folder)
+
+
+def _base_model_card(repo_id: str, token, endpoint: str) -> dict[str, Any]:
+    """The card data of the model named with ``--base-model``, or ``{}`` when it cannot be read.
+
+    The exporter's own claim, looked up on the target's Hub: a base model that is not there
+    (another Hub, offline) leaves the card without inherited terms rather than failing the push.
+    """
+    try:
+        return _hub_source_card(repo_id, None, token, endpoint)
+    except HubError as error:
+        log.info("no card data from base model %s: %s", repo_id, error)
+        return {}
 
 
 def _hub_source_card(repo_id: str, revision: str | None, token, endpoint: str) -> dict[str, Any]:
@@ -434,6 +453,9 @@ def push(
     share_embeddings: bool = False,
     quality_tokens: int | None = None,
     gguf_file: str | None = None,
+    base_model: str | None = None,
+    license: str | None = None,
+    model_name: str | None = None,
     revision: str | None = None,
     trust_remote_code: bool = False,
     allow_pickle: bool = False,
@@ -444,6 +466,7 @@ def push(
     exist_ok: bool = False,
     template: str | Path | None = None,
     source_card: str | Path | None = None,
+    force: bool = False,
     token: str | None = None,
     endpoint: str | None = None,
     cache_dir: str | Path | None = None,
@@ -456,6 +479,8 @@ def push(
     (created from main when missing). ``repo_id`` defaults to
     ``{your user}/{source name}-ExecuTorch``. An existing repo keeps its other variants;
     card and manifest are updated. A repo not made by hub-export needs ``exist_ok``.
+    ``base_model``, ``license`` and ``model_name`` say what a local or GGUF source is, for
+    the card (see :func:`hub_export.export.export`); with ``from_dir`` they are added to its manifest.
 
     Example:
         >>> result = push("HuggingFaceTB/SmolLM2-135M", qmodes=["8da4w"], max_seq_len=256)
@@ -474,6 +499,8 @@ def push(
         raise HubError(f"not logged in to {endpoint}: {LOGIN_HINT}")
     folder = Path(from_dir) if from_dir is not None else None
     local = Manifest.read(folder) if folder is not None else None
+    if local is not None:
+        local.source = {**local.source, **card_module.declared_source(base_model, license, model_name)}
     source_name = local.source.get("id") if local else _source_name(source, gguf_file)
 
     api = HfApi(endpoint=endpoint, token=token if token else False)
@@ -489,6 +516,18 @@ def push(
         )
     if remote.manifest is not None:
         _check_same_source(remote.manifest, source_name)  # before an export is wasted
+        if from_dir is None and not force and not dry_run:
+            built = _already_built(remote.manifest, source, dict(
+                qmodes=list(qmodes), qembedding=qembedding, group_size=group_size, max_seq_len=max_seq_len,
+                share_embeddings=share_embeddings, quality_tokens=quality_tokens, gguf_file=gguf_file,
+                revision=revision, declared=card_module.declared_source(base_model, license, model_name)),
+                token, endpoint)
+            if built:
+                say(f"{repo_id} already holds {', '.join(built)} built from the same source revision with the same "
+                    "options and tool versions; nothing to rebuild (--force rebuilds)")
+                url = f"{endpoint.rstrip('/')}/{repo_id}"
+                return PushResult(repo_id, url, None, [], [v.file for v in remote.manifest.variants], unchanged=built,
+                                  notes=["rebuilt nothing: pass --force to export and push again"])
 
     with tempfile.TemporaryDirectory(prefix="hub-export-push-") as scratch:
         if folder is None:
@@ -503,6 +542,9 @@ def push(
                 share_embeddings=share_embeddings,
                 quality_tokens=quality_tokens,
                 gguf_file=gguf_file,
+                base_model=base_model,
+                license=license,
+                model_name=model_name,
                 revision=revision,
                 trust_remote_code=trust_remote_code,
                 allow_pickle=allow_pickle,
@@ -523,6 +565,46 @@ def push(
         card_text = card_module.render_card(merged, None, template, endpoint, repo_id=repo_id, config=config)
         payload = _payload(folder, local, merged, card_text)
         return _publish(api, repo_id, payload, remote, local, merged, branch, private, create_pr, dry_run, endpoint, say)
+
+
+def _already_built(remote: Manifest, source: str | None, options: dict[str, Any], token, endpoint) -> list[str]:
+    """The requested variant files, if ``remote`` holds every one of them built exactly as asked; else ``[]``.
+
+    Exactly: from the same source revision (a Hub commit, a GGUF's sha256 or a folder's
+    contents), with the same options, by the same versions of hub-export, torch,
+    executorch, torchao and transformers, and verified. Any doubt means rebuild.
+    """
+    from .export import DEFAULT_QUALITY_TOKENS, variant_filename
+    from .manifest import package_versions
+    from .quantize import DEFAULT_GROUP_SIZE, QMODES
+    from .source import peek_fingerprint
+
+    if source is None or remote.versions != package_versions() or not remote.source.get("fingerprint"):
+        return []
+    declared = {key: remote.source.get(key) for key in ("base_model", "license", "model_name")}
+    if {k: v for k, v in declared.items() if v is not None} != options["declared"]:
+        return []  # the card would say something else
+    by_file = {v.file: v for v in remote.variants}
+    quality_tokens = options["quality_tokens"] if options["quality_tokens"] is not None else DEFAULT_QUALITY_TOKENS
+    wanted = []
+    for qmode in options["qmodes"]:
+        variant = by_file.get(variant_filename(qmode, options["qembedding"]))
+        if variant is None or variant.qmode != qmode:
+            return []
+        check = variant.verification or {}
+        quality = check.get("quality") or {}
+        same = (
+            check.get("passed") is True
+            and (options["max_seq_len"] is None or variant.max_seq_len == options["max_seq_len"])
+            and (not QMODES[qmode].grouped or variant.group_size == (options["group_size"] or DEFAULT_GROUP_SIZE))
+            and bool(variant.data_file) == bool(options["share_embeddings"])
+            and (quality.get("tokens", 0) > 0) == (quality_tokens > 0)
+        )
+        if not same:
+            return []
+        wanted.append(variant.file)
+    fingerprint = peek_fingerprint(source, options["gguf_file"], options["revision"], token, endpoint)
+    return wanted if fingerprint and fingerprint == remote.source.get("fingerprint") else []
 
 
 def _check_push_arguments(source, from_dir, output_dir, template) -> None:

@@ -229,6 +229,47 @@ def _gguf_model_name(file_name: str) -> str:
     return _QUANT_SUFFIX.sub("", stem) or stem
 
 
+def _folder_digest(folder: Path) -> str:
+    """sha256 over the names and contents of a model folder's files (hidden files aside)."""
+    import hashlib
+
+    from .manifest import sha256_file
+
+    digest = hashlib.sha256()
+    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(folder).parts)):
+        digest.update(f"{path.relative_to(folder).as_posix()}\0{sha256_file(path)}\n".encode())
+    return digest.hexdigest()
+
+
+def fingerprint(src: Source) -> str:
+    """What identifies the exact weights an export read: a Hub commit, a GGUF's sha256 or a folder's contents."""
+    if not src.is_local:
+        return f"hub:{src.name}@{src.revision}" + (f":{src.gguf['file']}" if src.gguf else "")
+    if src.gguf:
+        return f"gguf:{src.gguf['sha256']}"
+    return f"files:{_folder_digest(src.path)}"
+
+
+def peek_fingerprint(source: str, gguf_file: str | None, revision: str | None, token: str | None,
+                     endpoint: str | None) -> str | None:
+    """:func:`fingerprint` of ``source`` without downloading or converting it (``None`` if it cannot tell)."""
+    from .manifest import sha256_file
+
+    local = Path(source).expanduser()
+    if local.is_file() and local.suffix == ".gguf":
+        return f"gguf:{sha256_file(local)}"
+    if local.is_dir():
+        if gguf_file:
+            path = local / gguf_file
+            return f"gguf:{sha256_file(path)}" if path.is_file() else None
+        return f"files:{_folder_digest(local)}"
+    try:
+        info = _model_info(source, revision, token, endpoint)
+    except SourceError:
+        return None
+    return f"hub:{source}@{info.sha}" + (f":{gguf_file}" if gguf_file else "")
+
+
 def display_name(source: str | None, gguf_file: str | None = None) -> str:
     """The id an export of ``source`` records: the repo id, the folder's name, or a local GGUF's model name."""
     path = Path(source or "").expanduser()

@@ -18,6 +18,7 @@ Run ``python space/app.py`` (see ``space/README.md`` for the environment variabl
 ``make space`` for an offline demo against the local Hub.
 """
 
+import json
 import logging
 import os
 import queue
@@ -73,13 +74,20 @@ MAX_PROMPT_CHARS = 4000
 CHAT_PROMPT, PLAIN_PROMPT = "What is the capital of France?", "Once upon a time"
 HEARTBEAT_SECONDS = 1.0
 # Words, not emoji: status lines are read by API clients and screen readers too.
-RUNNING, DONE, FAILED = "**Running:**", "**Done:**", "**Failed:**"
+RUNNING, DONE, FAILED, QUEUED = "**Running:**", "**Done:**", "**Failed:**", "**Queued:**"
 # Hub-style tokens are redacted even when we were never told about them (a token pasted
 # into the source field, one echoed by a server): a leak is worse than an odd log line.
 TOKEN_PATTERN = re.compile(r"\bhf_[A-Za-z0-9]{16,}\b")
 # The library's messages name CLI flags; the Space says which field to change instead.
 SPACE_WORDING = (
+    (f"{publish.LOGIN_HINT} with a valid token", "sign in again or paste a valid write token"),
     (publish.LOGIN_HINT, "sign in again or paste a valid write token"),
+    # The form has a token field (or a sign-in), not a --token flag to "pass".
+    ("then pass --token or set HF_TOKEN", "then retry with the token of an account that accepted them"),
+    ("for a private repo pass --token", "for a private repo, use a token that can read it"),
+    ("create a write token and pass it with --token", "create a write token and use it here"),
+    ("check --token", "check your token"),
+    ("push to another repo", "choose another 'Target repo'"),
     ("pass --exist-ok to add the export to it", "choose another repo name"),
     ("--token/HF_TOKEN", "your token"),
     ("--endpoint/HF_ENDPOINT", "the Space's HF_ENDPOINT"),
@@ -859,16 +867,17 @@ def _access_row(settings: Settings) -> gr.Textbox:
         if settings.auth.use_oauth:
             gr.LoginButton(scale=0, min_width=260)
             gr.Markdown("Jobs act as **you**: the Space pushes to your account with your sign-in, never its own token.")
-        placeholder = "hf_… (a write token)"
+        # Visible text, not only a placeholder: a placeholder vanishes once typed in and is faint.
+        info = "A write token, used for this job only; never stored or shown in the log."
         if settings.auth.env_token_allowed:
-            placeholder += " · blank: the server's HF_TOKEN"
+            info += " Blank: the server's HF_TOKEN."
         return gr.Textbox(
             "",
             label="Hugging Face token",
             type="password",
-            placeholder=placeholder,
+            placeholder="hf_…",
             visible=not settings.auth.use_oauth,
-            info="Used for this job only; never stored or shown in the log.",
+            info=info,
             scale=3,
         )
 
@@ -886,10 +895,18 @@ def _export_tab(settings: Settings) -> dict[str, Any]:
         ui["revision"] = gr.Textbox("", label="Revision", placeholder="main", info="Branch, tag or commit.", scale=1)
     with gr.Row():
         ui["variants"] = gr.CheckboxGroup(
-            QMODE_CHOICES, value=["8da4w"], label="Variants", info="One .pte file each; every one is verified."
+            QMODE_CHOICES,
+            value=["8da4w"],
+            label="Variants",
+            info="One .pte file each; every one is verified.",
+            elem_id="export-variants",
         )
         ui["qembedding"] = gr.Radio(
-            EMBEDDING_CHOICES, value="none", label="Embedding quantization", info="Shrinks large vocabularies."
+            EMBEDDING_CHOICES,
+            value="none",
+            label="Embedding quantization",
+            info="Shrinks large vocabularies.",
+            elem_id="export-embedding",
         )
     with gr.Row():
         ui["group_size"] = gr.Number(
@@ -913,9 +930,13 @@ def _export_tab(settings: Settings) -> dict[str, Any]:
         ui["private"] = gr.Checkbox(label="Private", value=False, scale=1)
     ui["run"] = gr.Button("Export & push", variant="primary")
     ui["status"] = gr.Markdown("Fill in the form and press **Export & push**.", label="Status", elem_id="export-status")
-    ui["log"] = gr.Textbox(label="Log", lines=12, max_lines=12, autoscroll=True, interactive=False, buttons=["copy"])
+    ui["log"] = gr.Textbox(
+        label="Log", lines=12, max_lines=12, autoscroll=True, interactive=False, buttons=["copy"], elem_id="export-log"
+    )
     ui["link"] = gr.Markdown(label="Repo link", elem_id="export-link")
-    ui["table"] = gr.Dataframe(headers=TABLE_HEADERS, label="Variants in the repo", interactive=False, wrap=True)
+    ui["table"] = gr.Dataframe(
+        headers=TABLE_HEADERS, label="Variants in the repo", interactive=False, wrap=True, elem_id="export-table"
+    )
     with gr.Accordion("Model card", open=False):
         ui["card"] = gr.Markdown(label="Model card")
     ui["pushed"] = gr.State(None)
@@ -944,7 +965,9 @@ def _preview_tab() -> dict[str, Any]:
     ui["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS, value=48, step=1, label="Max new tokens")
     ui.update(_sampling_controls())
     ui["run"] = gr.Button("Generate", variant="primary")
-    ui["text"] = gr.Textbox(label="Generated text", lines=8, interactive=False, buttons=["copy"])
+    ui["text"] = gr.Textbox(
+        label="Generated text", lines=8, interactive=False, buttons=["copy"], elem_id="preview-text"
+    )
     ui["stats"] = gr.Markdown(label="Status and speed", elem_id="preview-stats")
     return ui
 
@@ -968,6 +991,57 @@ def _sampling_controls() -> dict[str, Any]:
     return ui
 
 
+# Accessible names Gradio leaves out, by elem_id: a checkbox or radio group is a fieldset
+# without a legend, and an output textbox's label is taken by its Copy button.
+ACCESSIBLE_NAMES = {
+    "export-variants": "Variants",
+    "export-embedding": "Embedding quantization",
+    "export-log": "Log",
+    "preview-text": "Generated text",
+}
+# Gradio renders output textboxes disabled: unnamed, skipped by Tab, and their text cannot be
+# selected from the keyboard. Read-only keeps them uneditable but reachable. A mutation
+# observer, because Gradio renders (and re-renders) the page after this script runs.
+PAGE_SCRIPT = """<script>
+(() => {
+  const names = %s;
+  const fix = () => {
+    for (const [id, name] of Object.entries(names)) {
+      const block = document.getElementById(id);
+      const field = block && (block.matches("fieldset") ? block : block.querySelector("textarea, input"));
+      if (!field) continue;
+      if (field.getAttribute("aria-label") !== name) field.setAttribute("aria-label", name);
+      if (field.disabled && field.tagName !== "FIELDSET") {
+        field.disabled = false;
+        field.readOnly = true;
+      }
+    }
+  };
+  new MutationObserver(fix).observe(document.documentElement, {
+    subtree: true, childList: true, attributes: true, attributeFilter: ["disabled"],
+  });
+})();
+</script>""" % json.dumps(ACCESSIBLE_NAMES)
+# Gradio prefixes these selectors with its own container (plain ones inside @media only with it).
+PAGE_CSS = """
+/* WCAG AA (4.5:1) for hints and placeholders: Gradio's greys give about 2.5:1 and 1.9:1. */
+.gradio-container { --input-placeholder-color: #71717a; --block-info-text-color: #71717a; }
+.dark .gradio-container { --input-placeholder-color: #bbbbc2; --block-info-text-color: #bbbbc2; }
+/* Words wrap between words, never inside one (the table's headers broke as f/i/l/e). */
+.gradio-container, .gradio-container * { word-break: normal; overflow-wrap: break-word; hyphens: manual; }
+/* The variants table's cells wrap between words only, and the table scrolls in its own box. */
+#export-table th *, #export-table td * { word-break: normal !important; overflow-wrap: normal !important; }
+#export-table .table-wrap { overflow-x: auto; max-width: 100%; }
+/* A phone: one column (Gradio keeps two fields side by side down to 160 px each), and table
+   cells on one line each, scrolled, rather than columns a few letters wide. */
+@media (max-width: 640px) {
+  .row, .row > .form { flex-direction: column !important; flex-wrap: nowrap !important; }
+  .row > *, .row > .form > * { width: 100% !important; min-width: 0 !important; }
+  #export-table th, #export-table td, #export-table th *, #export-table td * { white-space: nowrap !important; }
+}
+"""
+
+
 API_NOTE = """\
 ---
 This Space is also an HTTP API (`/export`, `/preview`; see **Use via API** below and the README).
@@ -977,7 +1051,13 @@ With OAuth, API callers pass their token as `Client(..., oauth_token="hf_...")`;
 
 # Gradio's run history would keep every job's inputs, the token field included, in the
 # browser (or a Hub bucket): off. The footer keeps the API docs link.
-LAUNCH_OPTIONS: dict[str, Any] = {"run_history": False, "footer_links": ["api", "gradio"]}
+# (Gradio 6 takes the page's CSS and head at launch.)
+LAUNCH_OPTIONS: dict[str, Any] = {
+    "run_history": False,
+    "footer_links": ["api", "gradio"],
+    "css": PAGE_CSS,
+    "head": PAGE_SCRIPT,
+}
 
 
 def build_app(settings: Settings | None = None) -> gr.Blocks:
@@ -1001,7 +1081,11 @@ def build_app(settings: Settings | None = None) -> gr.Blocks:
             ex["max_seq_len"], ex["repo_name"], ex["private"], token,
         ]  # fmt: skip
         export_outputs = [ex["status"], ex["log"], ex["link"], ex["table"], ex["card"], ex["pushed"]]
+        # Feedback at once, outside the queue: the old results go and the job shows as queued
+        # until a slot frees (the job's own first update replaces that line).
         ex["run"].click(
+            _export_queued, None, export_outputs[:5], api_visibility="private", queue=False
+        ).then(
             jobs.export,
             export_inputs,
             export_outputs,
@@ -1023,7 +1107,7 @@ def build_app(settings: Settings | None = None) -> gr.Blocks:
             pv["repo"], pv["variant"], pv["prompt"], pv["max_new_tokens"], pv["chat"], pv["system"],
             pv["temperature"], pv["top_p"], pv["top_k"], pv["repetition_penalty"], pv["seed"], token,
         ]  # fmt: skip
-        pv["run"].click(
+        pv["run"].click(_preview_queued, None, [pv["text"], pv["stats"]], api_visibility="private", queue=False).then(
             jobs.preview,
             preview_inputs,
             [pv["text"], pv["stats"]],
@@ -1039,6 +1123,16 @@ def build_app(settings: Settings | None = None) -> gr.Blocks:
         )
     app.queue(max_size=settings.queue_size, default_concurrency_limit=settings.concurrency)
     return app
+
+
+def _export_queued() -> tuple:
+    """The Export outputs at the click: cleared, with a status saying the job is on its way."""
+    return ExportView(status=f"{QUEUED} starting as soon as an export slot is free…").outputs()[:5]
+
+
+def _preview_queued() -> tuple[str, str]:
+    """The Preview outputs at the click: the old answer gone, and a sign that work started."""
+    return "", f"{QUEUED} generating as soon as a preview slot is free…"
 
 
 def _default_name(source: str) -> str | Any:

@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from hub_export.card import read_source_card, render_card, write_card
 from hub_export.cli import app
 from hub_export.errors import InputError
-from hub_export.manifest import Manifest, Variant
+from hub_export.manifest import Manifest, Variant, sha256_file
 
 ENDPOINT = "https://hub.example"
 SOURCE_CARD = """---
@@ -208,3 +208,159 @@ def test_bad_template_is_a_one_line_input_error(tmp_path: Path) -> None:
     broken.write_text("{{ no_such_value }}")
     with pytest.raises(InputError, match="failed to render"):
         render_card(_manifest(), template=broken)
+
+
+# -- what the exporter declares about a local or GGUF source (--base-model, --license, --model-name) --------
+
+
+def _local_manifest(**declared: str) -> Manifest:
+    """An export of a local folder named ``smol-real-nopad``, with what its exporter declared."""
+    manifest = _manifest(local=True)
+    manifest.source = {**manifest.source, "id": "smol-real-nopad", "chat_template": True, **declared}
+    manifest.command = "hub-export export smol-real-nopad --qmode 8da4w --max-seq-len 64"
+    return manifest
+
+
+def _reproduce_block(card: str) -> str:
+    return re.search(r"## How to reproduce\n(.*?)### Versions", card, re.S).group(1)
+
+
+def test_declared_base_model_names_links_and_licenses_a_local_export() -> None:
+    manifest = _local_manifest(base_model="acme/Tiny-Llama-Instruct", license="apache-2.0", model_name="Tiny Llama Chat")
+    card = render_card(manifest, {"license": "mit", "language": ["en"]}, endpoint=ENDPOINT, repo_id="alice/tiny-et")
+
+    data = _data(card)
+    assert data["base_model"] == "acme/Tiny-Llama-Instruct" and data["base_model_relation"] == "quantized"
+    assert data["license"] == "apache-2.0"  # --license over the inherited one
+    assert data["language"] == ["en"]  # the rest is still inherited
+    body = ModelCard(card).text
+    assert body.startswith("# Tiny Llama Chat for ExecuTorch\n")
+    assert f"[acme/Tiny-Llama-Instruct]({ENDPOINT}/acme/Tiny-Llama-Instruct)" in body
+    assert "see that model's own documentation" not in body
+    reproduce = _reproduce_block(body)
+    # No folder nobody has: a placeholder, said to be one, and the declarations passed again.
+    assert "replace `path/to/smol-real-nopad` with your copy" in reproduce
+    assert (
+        "hub-export export path/to/smol-real-nopad --base-model acme/Tiny-Llama-Instruct --license apache-2.0 "
+        "--model-name 'Tiny Llama Chat' --qmode 8da4w --max-seq-len 64"
+    ) in reproduce
+    assert "hf download acme/Tiny-Llama-Instruct --local-dir path/to/smol-real-nopad" in reproduce
+    assert re.search(r"^hub-export export smol-real-nopad", body, re.M) is None
+    # A chat model's snippets use its template (and the line after it is not glued on).
+    assert 'hub-export generate alice/tiny-et --variant 8da4w --prompt "What is the capital of France?"\n' in body
+    assert "apply_chat_template" in body
+
+
+def test_local_source_without_base_model_says_so_plainly() -> None:
+    card = render_card(_local_manifest(), endpoint=ENDPOINT)
+
+    data = _data(card)
+    assert "base_model" not in data and "license" not in data
+    body = ModelCard(card).text
+    assert body.startswith("# smol-real-nopad for ExecuTorch\n")
+    assert "a local checkpoint that is not on the Hub" in body
+    assert "Which model it is was not declared" in body and "--base-model ORG/NAME" in body
+    assert "License: not stated" in body
+    reproduce = _reproduce_block(body)
+    assert "hub-export export path/to/smol-real-nopad --qmode 8da4w" in reproduce
+    assert "hf download" not in reproduce  # nothing to download: the model is unknown
+
+
+def test_local_gguf_source_names_its_file() -> None:
+    manifest = _local_manifest()
+    manifest.source = {**manifest.source, "id": "SmolLM2-135M-Instruct",
+                       "gguf": {"file": "SmolLM2-135M-Instruct.Q4_1.gguf", "quantization": "Q4_1"}}  # fmt: skip
+    manifest.command = "hub-export export models --gguf-file SmolLM2-135M-Instruct.Q4_1.gguf --qmode 8da4w"
+    body = ModelCard(render_card(manifest, endpoint=ENDPOINT)).text
+    assert "a local checkpoint (the GGUF file `SmolLM2-135M-Instruct.Q4_1.gguf`), not on the Hub" in body
+    assert "hub-export export path/to/models --gguf-file SmolLM2-135M-Instruct.Q4_1.gguf --qmode 8da4w" in body
+
+    manifest.source = {**manifest.source, "base_model": "HuggingFaceTB/SmolLM2-135M-Instruct"}
+    body = ModelCard(render_card(manifest, endpoint=ENDPOINT)).text
+    assert body.startswith("# HuggingFaceTB/SmolLM2-135M-Instruct for ExecuTorch\n")  # named after its base
+    assert "hf download" not in _reproduce_block(body)  # the base's safetensors are not the GGUF file
+
+
+def test_a_declared_license_drops_the_inherited_license_name_and_link(tmp_path: Path) -> None:
+    (tmp_path / "README.md").write_text(SOURCE_CARD)  # license: other, with its name and link
+    data = _data(render_card(_local_manifest(license="mit"), read_source_card(tmp_path)))
+    assert data["license"] == "mit" and "license_name" not in data and "license_link" not in data
+    assert data["language"] == ["en", "fr"]
+
+
+def test_declarations_are_checked_before_anything_runs() -> None:
+    from hub_export.card import declared_source
+    from hub_export.export import _declared_source, export
+
+    assert declared_source("acme/Base", " Apache-2.0 ", "  Tiny   Chat ") == {
+        "base_model": "acme/Base", "license": "apache-2.0", "model_name": "Tiny Chat",
+    }  # fmt: skip
+    assert declared_source() == {}  # nothing given: the manifest records what it always did
+    for bad in ("Base", "acme/bad--name", "a/b/c", "/tmp/model"):
+        with pytest.raises(InputError, match="--base-model .* ORG/NAME"):
+            declared_source(base_model=bad)
+    with pytest.raises(InputError, match="--license .* apache-2.0"):
+        declared_source(license="Apache License 2.0")
+    with pytest.raises(InputError, match="--model-name"):
+        declared_source(model_name="   ")
+    # A Hub repo of safetensors is its own base model; refused before anything is downloaded.
+    with pytest.raises(InputError, match="drop --base-model"):
+        export("acme/Tiny-Llama", "unused-out", base_model="acme/Other")
+    cli = CliRunner().invoke(app, ["export", "acme/Tiny-Llama", "-o", "unused-out", "--base-model", "acme/Other"])
+    assert isinstance(cli.exception, InputError) and "drop --base-model" in str(cli.exception)
+    cli = CliRunner().invoke(app, ["export", ".", "-o", "unused-out", "--license", "Apache License"])
+    assert isinstance(cli.exception, InputError) and "--license" in str(cli.exception)
+    assert _declared_source("acme/Tiny-GGUF", "tiny.Q4_0.gguf", "acme/Tiny", None, None) == {"base_model": "acme/Tiny"}
+
+
+def test_manifest_schema_takes_declarations_as_text_only() -> None:
+    from hub_export.manifest import check_manifest
+
+    data = _local_manifest(base_model="acme/Base", license="mit", model_name="Tiny").to_dict()
+    check_manifest(data)
+    data["source"]["base_model"] = ["acme/Base"]
+    with pytest.raises(InputError, match="base_model"):
+        check_manifest(data)
+
+
+def _fake_export(folder: Path) -> Path:
+    """An export folder that push accepts (verified variant, hashes, tokenizer) without exporting anything."""
+    folder.mkdir(parents=True)
+    (folder / "model-8da4w.pte").write_bytes(b"not a real program")
+    (folder / "tokenizer.json").write_text("{}")
+    manifest = _local_manifest()
+    manifest.variants = [_variant("8da4w")]
+    manifest.variants[0].size_bytes = len(b"not a real program")
+    manifest.variants[0].sha256 = sha256_file(folder / "model-8da4w.pte")
+    manifest.write(folder)
+    return folder
+
+
+def test_push_from_a_local_export_with_base_model_inherits_its_card(local_hub, tmp_path: Path) -> None:
+    from hub_export.publish import push
+
+    api = local_hub.api(local_hub.alice_token)
+    api.create_repo("acme/Base-Llama")
+    base_card = b"---\nlicense: mit\nlanguage:\n- en\n- de\n---\n# Base Llama\n"
+    api.upload_file(path_or_fileobj=base_card, path_in_repo="README.md", repo_id="acme/Base-Llama")
+    folder = _fake_export(tmp_path / "out")
+
+    pushed = CliRunner().invoke(app, [
+        "push", "--from", str(folder), "alice/base-llama-et", "--base-model", "acme/Base-Llama",
+        "--token", local_hub.alice_token, "--endpoint", local_hub.endpoint,
+    ])  # fmt: skip
+    assert pushed.exit_code == 0, pushed.output
+
+    card = ModelCard.load("alice/base-llama-et")
+    data = card.data.to_dict()
+    assert data["base_model"] == "acme/Base-Llama" and data["base_model_relation"] == "quantized"
+    assert data["license"] == "mit" and data["language"] == ["en", "de"]  # from the base model's card on the Hub
+    assert card.text.startswith("# acme/Base-Llama for ExecuTorch\n")
+    assert "hub-export export path/to/smol-real-nopad --base-model acme/Base-Llama" in card.text
+
+    # A base model the Hub does not have: the push goes on, and the card says what it does not know.
+    other = push(from_dir=_fake_export(tmp_path / "other"), repo_id="alice/missing-base-et",
+                 base_model="acme/Not-There", token=local_hub.alice_token, endpoint=local_hub.endpoint)  # fmt: skip
+    card = ModelCard.load(other.repo_id)
+    assert card.data.to_dict()["base_model"] == "acme/Not-There" and "license" not in card.data.to_dict()
+    assert "License: not stated" in card.text

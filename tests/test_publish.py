@@ -182,6 +182,35 @@ def test_push_of_a_source_exports_it_and_inherits_its_card(
     assert (folder / "README.md").is_file() and Manifest.read(folder).source["card_data"]["license"] == "apache-2.0"
 
 
+def test_repush_of_an_unchanged_source_rebuilds_nothing(
+    local_hub: LocalHubFixture, pushed_fp32: tuple[PushResult, Path], source_model: Path, tmp_path: Path, monkeypatch
+) -> None:
+    """A scheduled re-run of the same push: same source contents, options and tool versions -> no export, no commit."""
+    import importlib
+    import shutil
+
+    export_module = importlib.import_module("hub_export.export")  # the package's `export` attribute is the function
+    result, _ = pushed_fp32
+    before = len(_commits(local_hub, result.repo_id))
+
+    def must_not_export(*args, **kwargs):
+        raise AssertionError("rebuilt")
+
+    monkeypatch.setattr(export_module, "export", must_not_export)
+    hub = dict(token=local_hub.alice_token, endpoint=local_hub.endpoint)
+    again = push(str(source_model), result.repo_id, qmodes=["fp32"], max_seq_len=64, **hub)
+    assert not again.pushed and again.unchanged == ["model-fp32.pte"] and "--force" in again.notes[0]
+    assert len(_commits(local_hub, result.repo_id)) == before
+    # Anything different rebuilds: another option, --force, or a changed source file.
+    for options in (dict(max_seq_len=32), dict(max_seq_len=64, force=True), dict(max_seq_len=64, quality_tokens=0)):
+        with pytest.raises(AssertionError, match="rebuilt"):
+            push(str(source_model), result.repo_id, qmodes=["fp32"], **options, **hub)
+    changed = shutil.copytree(source_model, tmp_path / "tiny-llama")
+    (changed / "README.md").write_text((changed / "README.md").read_text() + "\nFine-tuned further.\n")
+    with pytest.raises(AssertionError, match="rebuilt"):
+        push(str(changed), result.repo_id, qmodes=["fp32"], max_seq_len=64, **hub)
+
+
 def test_adding_a_variant_keeps_the_others(
     local_hub: LocalHubFixture, export_8da4w: Path, source_model: Path, pushed_fp32: tuple[PushResult, Path]
 ) -> None:

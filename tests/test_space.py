@@ -357,6 +357,54 @@ def test_token_precedence_and_env_settings() -> None:
         space_app.settings_from_env({"HUB_EXPORT_SPACE_QUEUE": "0"})
 
 
+def test_library_messages_are_worded_for_the_form() -> None:
+    """The library's CLI advice ("pass --token", "push to another repo") in the Space's words."""
+    from hub_export import publish
+
+    with pytest.raises(space_app.InputError) as other_source:
+        publish._check_same_source(space_app.Manifest(source={"id": "acme/a"}, versions={}, variants=[]), "acme/b")
+    messages = [
+        str(other_source.value),
+        f"the Hub at http://hub rejected the token (HTTP 401); {publish.LOGIN_HINT} with a valid token",
+        "model 'org/nam' not found on http://hub (check the id; for a private repo pass --token)",
+        "acme/gated is gated: accept its license on the Hub, then pass --token or set HF_TOKEN",
+        "your token for http://hub is read-only; create a write token and pass it with --token",
+        "the Hub refused access to acme/x (HTTP 403); check --token",
+    ]
+    worded = [space_app.space_wording(message) for message in messages]
+    for line in worded:
+        assert "--" not in line and "pass your token" not in line and "another repo" not in line, line
+    assert worded[0].endswith("choose another 'Target repo'"), worded[0]
+    assert worded[1].endswith("(HTTP 401); sign in again or paste a valid write token"), worded[1]
+
+
+def test_token_hint_is_visible_text_not_a_placeholder(tmp_path: Path) -> None:
+    settings = space_app.Settings(
+        endpoint="http://127.0.0.1:9", auth=space_app.AuthPolicy(False, True, "tests"), work_root=tmp_path
+    )
+    blocks = space_app.build_app(settings)
+    field = next(c for c in blocks.blocks.values() if getattr(c, "label", None) == "Hugging Face token")
+    assert "Blank: the server's HF_TOKEN" in field.info
+    assert "HF_TOKEN" not in (field.placeholder or "")
+
+
+def test_every_click_gives_feedback_at_once(tmp_path: Path) -> None:
+    """Before the queue: the button's first step, outside the queue, clears the old output and says so."""
+    settings = space_app.Settings(
+        endpoint="http://127.0.0.1:9", auth=space_app.AuthPolicy(False, False, "tests"), work_root=tmp_path
+    )
+    blocks = space_app.build_app(settings)
+    for handler, job in ((space_app._preview_queued, "preview"), (space_app._export_queued, "export")):
+        step = next(fn for fn in blocks.fns.values() if fn.fn is handler)
+        assert step.queue is False, "feedback must not wait in the queue"
+        then = next(fn for fn in blocks.fns.values() if fn.api_name == job)
+        assert then.trigger_after == step._id, f"/{job} runs after the feedback step"
+    text, stats = space_app._preview_queued()
+    assert text == "" and stats.startswith(space_app.QUEUED)
+    status, log, link, table, card = space_app._export_queued()
+    assert status.startswith(space_app.QUEUED) and (log, link, card) == ("", "", "") and table.empty
+
+
 def test_redaction_and_wording() -> None:
     redact = space_app.Redactor("secret-token-value")
     line = redact("token secret-token-value and hf_abcdefghijklmnopqrstuvwxyz12 leaked")
@@ -440,8 +488,83 @@ def test_browser_export_shows_the_repo_link(
             page.screenshot(path=str(artifacts / "space-export.png"), full_page=True)
             assert local_hub.alice_token not in page.content()
 
+            page.get_by_role("tab", name="Export").focus()
+            # On a phone, with the variants table filled: one column, the table scrolls in its own box.
+            page.set_viewport_size({"width": PHONE_WIDTH, "height": 900})
+            _assert_fits(page)
+            page.screenshot(path=str(artifacts / "space-export-400px.png"), full_page=True)
+            page.set_viewport_size({"width": 1280, "height": 1400})
+
             page.get_by_role("tab", name="Preview").click()  # prefilled with the repo just pushed
             expect(page.get_by_label("Repo", exact=True)).to_have_value(BROWSER_REPO)
         finally:
             browser.close()
     assert "model-8da4w.pte" in local_hub.api(local_hub.alice_token).list_repo_files(BROWSER_REPO)
+
+
+PHONE_WIDTH = 400
+
+
+def _assert_fits(page) -> None:
+    """Nothing wider than the window: the page never scrolls sideways."""
+    page.wait_for_timeout(300)  # Gradio lays the table out again after a resize
+    widths = page.evaluate("[document.documentElement.scrollWidth, window.innerWidth]")
+    assert widths[0] <= widths[1], f"the page overflows sideways: scrollWidth {widths[0]} > {widths[1]}"
+
+
+# WCAG contrast ratio of an element's text (or its ::placeholder) against the first opaque
+# background behind it.
+CONTRAST_JS = """(el, pseudo) => {
+  const rgb = (text) => text.match(/[\\d.]+/g).slice(0, 3).map(Number);
+  const lum = (c) => {
+    const [r, g, b] = c.map((v) => { v /= 255; return v <= 0.03928 ? v / 12.92 : ((v + 0.055) / 1.055) ** 2.4; });
+    return 0.2126 * r + 0.7152 * g + 0.0722 * b;
+  };
+  let back = el, fill = "rgba(0, 0, 0, 0)";
+  while (back && (fill = getComputedStyle(back).backgroundColor).startsWith("rgba(0, 0, 0, 0")) back = back.parentElement;
+  const [a, b] = [lum(rgb(getComputedStyle(el, pseudo).color)), lum(rgb(fill))];
+  return (Math.max(a, b) + 0.05) / (Math.min(a, b) + 0.05);
+}"""
+
+
+def test_browser_page_is_accessible_and_fits_a_phone(space: Space, artifacts: Path) -> None:
+    """Names in the accessibility tree, readable contrast, and a 400 px page that never scrolls sideways."""
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is missing: install Debian's chromium package to run the browser test")
+    from playwright.sync_api import expect, sync_playwright
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": PHONE_WIDTH, "height": 900})
+            page.set_default_timeout(20_000)  # bounded: a missing element fails in seconds, not minutes
+            page.goto(space.url)
+            expect(page.get_by_label("Source model")).to_be_visible()
+
+            # Outputs and groups have names; the outputs are read-only but reachable by keyboard.
+            for role, name in (("group", "Variants"), ("group", "Embedding quantization"), ("textbox", "Log")):
+                expect(page.get_by_role(role, name=name, exact=True)).to_be_visible()
+            log = page.get_by_role("textbox", name="Log", exact=True)
+            expect(log).to_be_enabled()
+            expect(log).not_to_be_editable()
+            log.focus()
+            assert log.evaluate("el => document.activeElement === el"), "the Log cannot take keyboard focus"
+            tree = page.locator("body").aria_snapshot()
+            assert 'textbox "Log"' in tree and "textbox [disabled]" not in tree, tree
+
+            # WCAG AA: placeholders and field hints at 4.5:1 or more against what is behind them.
+            placeholder = page.get_by_label("Revision").evaluate(CONTRAST_JS, "::placeholder")
+            hint = page.get_by_text("Branch, tag or commit.").evaluate(CONTRAST_JS, None)
+            assert placeholder >= 4.5 and hint >= 4.5, (placeholder, hint)
+
+            _assert_fits(page)
+            page.screenshot(path=str(artifacts / "space-400px-export-tab.png"), full_page=True)
+
+            page.get_by_role("tab", name="Preview").click()
+            text = page.get_by_role("textbox", name="Generated text", exact=True)
+            expect(text).to_be_visible()
+            expect(text).to_be_enabled()
+            _assert_fits(page)
+            page.screenshot(path=str(artifacts / "space-400px-preview-tab.png"), full_page=True)
+        finally:
+            browser.close()

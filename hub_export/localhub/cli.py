@@ -8,8 +8,8 @@ from typing import Annotated
 import typer
 
 from ..errors import HubExportError
-from .serving import DEFAULT_HOST, DEFAULT_PORT, default_root, serve
-from .store import LocalHubStore
+from .serving import DEFAULT_HOST, DEFAULT_MAX_BODY_MB, DEFAULT_MAX_LFS_GB, DEFAULT_PORT, default_root, serve
+from .store import BLOB_MIN_AGE, LocalHubStore
 
 app = typer.Typer(
     help="A local, persistent, Hugging Face Hub-compatible server (the offline default hub).",
@@ -36,12 +36,45 @@ def serve_command(
     host: Annotated[str, typer.Option(help="Interface to listen on.")] = DEFAULT_HOST,
     port: Annotated[int, typer.Option(help="Port to listen on (0: any free port).")] = DEFAULT_PORT,
     allow_remote: Annotated[bool, typer.Option("--allow-remote", help="Allow a non-loopback --host.")] = False,
+    max_body_mb: Annotated[
+        int, typer.Option("--max-body-mb", help="Largest request body read into memory (JSON, commits); 413 past it.")
+    ] = DEFAULT_MAX_BODY_MB,
+    max_lfs_gb: Annotated[
+        int, typer.Option("--max-lfs-gb", help="Largest LFS file accepted (streamed to disk).")
+    ] = DEFAULT_MAX_LFS_GB,
 ) -> None:
-    """Serve the hub at ROOT until interrupted (Ctrl+C)."""
+    """Serve the hub at ROOT until interrupted (Ctrl+C). Sweeps crash litter first (see `gc`)."""
     try:
-        serve(root or default_root(), host, port, allow_remote=allow_remote)
+        serve(
+            root or default_root(),
+            host,
+            port,
+            allow_remote=allow_remote,
+            max_body_mb=max_body_mb,
+            max_lfs_gb=max_lfs_gb,
+        )
     except HubExportError as e:
         raise _fail(e) from None
+
+
+@app.command("gc")
+def gc_command(
+    root: RootOption = None,
+    min_age_hours: Annotated[
+        float,
+        typer.Option(
+            "--min-age-hours",
+            min=0,
+            help="Spare blobs touched more recently than this: an upload may still be about to commit them.",
+        ),
+    ] = BLOB_MIN_AGE / 3600,
+) -> None:
+    """Remove upload temp files and blobs that no commit refers to (crash litter, deleted repos)."""
+    try:
+        result = LocalHubStore(root or default_root()).gc(min_age=min_age_hours * 3600)
+    except HubExportError as e:
+        raise _fail(e) from None
+    typer.echo(str(result))
 
 
 @app.command("add-user")

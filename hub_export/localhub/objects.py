@@ -10,6 +10,7 @@ import hashlib
 import json
 import os
 import secrets
+from collections.abc import Iterable
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -70,6 +71,11 @@ def tree_from_json(text: str) -> Tree:
     return {path: Entry(sha, size, bool(lfs), oid) for path, (sha, size, lfs, oid) in json.loads(text).items()}
 
 
+def tree_blobs(text: str) -> set[str]:
+    """The sha256 of every blob a serialized tree refers to (cheaper than :func:`tree_from_json`)."""
+    return {row[0] for row in json.loads(text).values()}
+
+
 def tree_id(tree: Tree) -> str:
     return hashlib.sha1(tree_to_json(tree).encode()).hexdigest()
 
@@ -101,14 +107,40 @@ class UploadMismatch(Exception):
     """Uploaded bytes do not hash or size to what was announced."""
 
 
+def private_dir(path: Path) -> None:
+    """Create ``path`` (or tighten an existing one) readable by this user only: repos may be private."""
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        path.chmod(0o700)
+
+
+def _make_private_dirs(*paths: Path) -> None:
+    for path in paths:
+        try:
+            path.mkdir(mode=0o700)  # not parents=True: parents would get the default mode
+        except FileExistsError:
+            pass
+
+
+@dataclass(frozen=True)
+class SweepResult:
+    count: int
+    bytes: int
+
+
 class BlobStore:
-    """Blobs on disk under ``root/blobs/ab/cd/<sha256>``, written atomically."""
+    """Blobs on disk under ``root/blobs/ab/cd/<sha256>``, written atomically, private to this user.
+
+    A blob's mtime is refreshed whenever a request leans on it before committing it
+    (an upload that finds it already stored, an LFS batch answering "skip"), so
+    :meth:`sweep` can spare what may be in flight by age alone.
+    """
 
     def __init__(self, root: Path):
         self.dir = root / "blobs"
         self.tmp = root / "tmp"
-        self.dir.mkdir(parents=True, exist_ok=True)
-        self.tmp.mkdir(parents=True, exist_ok=True)
+        private_dir(self.dir)
+        private_dir(self.tmp)
 
     def path(self, sha256: str) -> Path:
         return self.dir / sha256[:2] / sha256[2:4] / sha256
@@ -125,6 +157,44 @@ class BlobStore:
     def writer(self, *, max_size: int | None = None) -> BlobWriter:
         return BlobWriter(self, max_size)
 
+    def touch(self, sha256: str) -> None:
+        """Mark a stored blob as in use now, so a sweep leaves it alone for its grace period."""
+        try:
+            os.utime(self.path(sha256))
+        except FileNotFoundError:
+            pass
+
+    def sweep_temp(self, cutoff: float) -> SweepResult:
+        """Remove upload temp files last written before ``cutoff`` (a live upload keeps writing)."""
+        return _remove_older(self.tmp.iterdir(), cutoff)
+
+    def sweep(self, live: set[str], cutoff: float) -> tuple[SweepResult, list[str]]:
+        """Remove blobs not in ``live`` and untouched since ``cutoff``; tighten old permissions on the way."""
+        dead: list[Path] = []
+        for path in self.dir.glob("*/*/*"):
+            if path.name not in live:
+                dead.append(path)
+            elif path.stat().st_mode & 0o077:
+                path.chmod(0o600)  # blobs written before files were made private
+        for folder in [*self.dir.glob("*"), *self.dir.glob("*/*")]:
+            if folder.is_dir() and folder.stat().st_mode & 0o077:
+                folder.chmod(0o700)
+        result = _remove_older(dead, cutoff)
+        return result, [p.name for p in dead if not p.exists()]
+
+
+def _remove_older(paths: Iterable[Path], cutoff: float) -> SweepResult:
+    count = size = 0
+    for path in paths:
+        try:
+            info = path.stat()
+            if info.st_mtime < cutoff and path.is_file():
+                path.unlink()
+                count, size = count + 1, size + info.st_size
+        except FileNotFoundError:
+            pass  # removed meanwhile (a finished upload renamed its temp file)
+    return SweepResult(count, size)
+
 
 class BlobWriter:
     """Streams bytes to a temp file while hashing them; ``finish`` renames into place."""
@@ -135,7 +205,7 @@ class BlobWriter:
         self._hash = hashlib.sha256()
         self.size = 0
         self._tmp = store.tmp / f"upload-{secrets.token_hex(8)}"
-        self._file = open(self._tmp, "wb")
+        self._file = os.fdopen(os.open(self._tmp, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600), "wb")
 
     def write(self, chunk: bytes) -> None:
         self.size += len(chunk)
@@ -158,11 +228,17 @@ class BlobWriter:
                 f" expected {sha256} and {size} bytes"
             )
         final = self._store.path(actual)
-        if final.exists():
+        try:
+            os.utime(final)  # already stored: refresh its age, so gc spares it until it is committed
             self._tmp.unlink(missing_ok=True)
-        else:
-            final.parent.mkdir(parents=True, exist_ok=True)
+            return actual
+        except FileNotFoundError:
+            pass
+        _make_private_dirs(final.parent.parent, final.parent)
+        try:
             os.replace(self._tmp, final)
+        except FileNotFoundError as e:
+            raise UploadMismatch("the upload's temp file was removed (idle too long?): upload it again") from e
         return actual
 
     def abort(self) -> None:

@@ -7,7 +7,10 @@ datasets and spaces go through the same code.
 
 from __future__ import annotations
 
+import asyncio
 import base64
+import binascii
+import functools
 import hmac
 import json
 import logging
@@ -40,6 +43,7 @@ from .store import (
     Repo,
     entry_not_found,
     lfs_by_default,
+    validate_path,
 )
 
 logger = logging.getLogger("hub_export.localhub")
@@ -54,19 +58,37 @@ _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", re.
 _SECRET_PARAM = re.compile(r"token|sig|secret|key|auth|pass|credential", re.I)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _WRITE_BUFFER = 4 * 1024 * 1024
+_HEADER_LIMIT = 1000  # characters of an error message echoed in X-Error-Message
+# Request bodies read into memory (JSON, commit payloads with inline files under 10 MB each).
+DEFAULT_MAX_BODY = 512 * 1024 * 1024
+# One LFS object, streamed to disk: the Hub's own ceiling per file.
+DEFAULT_MAX_LFS = 50 * 1000**3
+# Model card metadata: the README is read up to 1 MiB, its YAML block up to 256 KiB (parsing is slow).
+MAX_CARD_BYTES = 1024 * 1024
+MAX_FRONT_MATTER = 256 * 1024
+# Routes open to anonymous callers read at most this much, whatever --max-body-mb says.
+MAX_ANONYMOUS_BODY = 8 * 1024 * 1024
 
 router = APIRouter()
 
 
-def create_app(root: str | Path) -> FastAPI:
-    """A FastAPI app serving the hub stored under ``root``."""
+def create_app(root: str | Path, *, max_body: int = DEFAULT_MAX_BODY, max_lfs: int = DEFAULT_MAX_LFS) -> FastAPI:
+    """A FastAPI app serving the hub stored under ``root``.
+
+    ``max_body`` bounds request bodies read into memory, ``max_lfs`` each LFS object (streamed to disk).
+    """
     app = FastAPI(title="hub-export local hub", docs_url=None, redoc_url=None, openapi_url=None)
     app.state.store = LocalHubStore(root)
+    app.state.max_lfs = max_lfs
+    # Anyone may ask for YAML to be parsed: a few at a time, so such requests never take every worker thread.
+    app.state.yaml_slots = asyncio.Semaphore(2)
     app.include_router(router)
     app.add_exception_handler(HubAPIError, _on_hub_error)  # type: ignore[arg-type]
     app.add_exception_handler(HubExportError, _on_input_error)  # type: ignore[arg-type]
     app.add_exception_handler(StarletteHTTPException, _on_http_error)  # type: ignore[arg-type]
     app.add_exception_handler(RequestValidationError, _on_validation_error)  # type: ignore[arg-type]
+    app.add_exception_handler(Exception, _on_unexpected_error)
+    app.add_middleware(BodyLimit, max_body=max_body, max_lfs=max_lfs)
     app.add_middleware(RequestLog)
     return app
 
@@ -74,17 +96,24 @@ def create_app(root: str | Path) -> FastAPI:
 # -- errors and logging -----------------------------------------------------------
 
 
+def header_safe(text: str) -> str:
+    """Printable ASCII only, bounded: user input copied into a header must not end it (CR, LF) or break it (NUL)."""
+    text = "".join(c if " " <= c <= "~" else "?" for c in " ".join(text.split()))
+    return text[:_HEADER_LIMIT]
+
+
 def error_response(status: int, message: str, code: str | None = None, **extra: Any) -> JSONResponse:
     """The Hub's error shape: ``{"error": msg}`` plus ``X-Error-Message`` (and ``X-Error-Code``)."""
-    headers = {"X-Error-Message": " ".join(message.split()).encode("ascii", "replace").decode()}
+    headers = {"X-Error-Message": header_safe(message)}
     if code:
-        headers["X-Error-Code"] = code
+        headers["X-Error-Code"] = header_safe(code)
+    message = message.encode("utf-8", "replace").decode()  # a lone surrogate from the client cannot be encoded
     return JSONResponse({"error": message, **extra}, status_code=status, headers=headers)
 
 
 def _on_hub_error(_: Request, exc: HubAPIError) -> JSONResponse:
     response = error_response(exc.status, exc.message, exc.code)
-    response.headers.update(exc.headers)
+    response.headers.update({name: header_safe(value) for name, value in exc.headers.items()})
     return response
 
 
@@ -98,6 +127,49 @@ def _on_http_error(_: Request, exc: StarletteHTTPException) -> JSONResponse:
 
 def _on_validation_error(_: Request, exc: RequestValidationError) -> JSONResponse:
     return error_response(400, f"Invalid request: {exc.errors()}")
+
+
+def _on_unexpected_error(_: Request, exc: Exception) -> JSONResponse:
+    """A bug still answers in the Hub's shape (the traceback goes to the server log)."""
+    return error_response(500, f"Internal error of the local hub: {type(exc).__name__}")
+
+
+def too_large(limit: int, hint: str = " (hub serve --max-body-mb)") -> HubAPIError:
+    return HubAPIError(413, f"Request body larger than {limit} bytes, the most this hub accepts here{hint}")
+
+
+class BodyLimit:
+    """Bound request bodies: 413 from Content-Length before reading, else once the stream passes the limit.
+
+    LFS object uploads stream to disk and get their own, larger limit.
+    """
+
+    def __init__(self, app: ASGIApp, max_body: int, max_lfs: int):
+        self.app = app
+        self.max_body = max_body
+        self.max_lfs = max_lfs
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            await self.app(scope, receive, send)
+            return
+        limit = self.max_lfs if scope["path"].startswith("/api/lfs-upload/") else self.max_body
+        declared = dict(scope["headers"]).get(b"content-length", b"")
+        if declared.isdigit() and int(declared) > limit:  # h11 has already refused malformed lengths
+            error = too_large(limit)
+            await error_response(error.status, error.message)(scope, receive, send)
+            return
+        received = 0
+
+        async def counted() -> Message:
+            nonlocal received
+            message = await receive()
+            received += len(message.get("body", b""))
+            if received > limit:
+                raise too_large(limit)  # raised inside the handler's read: answered by _on_hub_error
+            return message
+
+        await self.app(scope, counted, send)
 
 
 def redact_query(query: str) -> str:
@@ -187,44 +259,170 @@ def _rev_and_path(request: Request, marker_index: int) -> tuple[str, str]:
     return unquote(rest[0]), unquote("/".join(rest[1:]))
 
 
-async def _json(request: Request) -> dict[str, Any]:
+async def _writer(request: Request, kind: str, ns: str, name: str) -> Repo:
+    """The repo if the caller may write it, checked before the body is read: no token, no upload."""
+    return await run_in_threadpool(_open, request, kind, ns, name, write=True)
+
+
+async def _authenticated(request: Request, what: str) -> Caller:
+    """The caller behind a write token, checked before the body is read (401/403 otherwise)."""
+    caller = await run_in_threadpool(_caller, request)
+    if caller is None:
+        raise HubAPIError(401, f"You must be authenticated to {what}: pass a token.")
+    if not caller.can_write:
+        raise HubAPIError(403, f"Your token is read-only: it cannot {what}")
+    return caller
+
+
+def parse_json(data: bytes, what: str = "Request body") -> Any:
+    """Client JSON, or 400 (never a 500): bad syntax or UTF-8, nesting past the recursion limit, lone surrogates."""
     try:
-        body = json.loads(await request.body() or b"{}")
-    except ValueError as e:
-        raise HubAPIError(400, f"Request body is not valid JSON: {e}") from e
+        value = json.loads(data)
+        json.dumps(value, ensure_ascii=False).encode()  # "\ud800" parses but can be neither stored nor echoed
+    except RecursionError as e:
+        raise HubAPIError(400, f"{what} is nested too deeply") from e
+    except ValueError as e:  # JSONDecodeError, UnicodeDecodeError and UnicodeEncodeError alike
+        raise HubAPIError(400, f"{what} is not valid JSON: {e}") from e
+    return value
+
+
+async def _body(request: Request, limit: int | None = None) -> bytes:
+    """The request body; with ``limit`` (tighter than the app-wide one), a 413 instead of reading past it."""
+    if limit is None:
+        return await request.body()
+    declared = request.headers.get("content-length", "")
+    if declared.isdigit() and int(declared) > limit:
+        raise too_large(limit, "")
+    chunks, size = [], 0
+    async for chunk in request.stream():
+        size += len(chunk)
+        if size > limit:
+            raise too_large(limit, "")
+        chunks.append(chunk)
+    return b"".join(chunks)
+
+
+async def _json(request: Request, limit: int | None = None) -> dict[str, Any]:
+    body = parse_json(await _body(request, limit) or b"{}")
     if not isinstance(body, dict):
         raise HubAPIError(400, "Request body must be a JSON object")
     return body
 
 
+_JSON_TYPES = {str: "a string", int: "an integer", bool: "a boolean", dict: "an object", list: "an array"}
+
+
+def _field(data: dict[str, Any], key: str, kind: type | tuple[type, ...], default: Any = None) -> Any:
+    """``data[key]`` checked to be of JSON type ``kind``; ``default`` when absent or null; 400 otherwise."""
+    kinds = kind if isinstance(kind, tuple) else (kind,)
+    value = data.get(key)
+    if value is None:
+        return default
+    if not isinstance(value, kinds) or (isinstance(value, bool) and bool not in kinds):  # True is an int too
+        expected = " or ".join(_JSON_TYPES[k] for k in kinds)
+        raise HubAPIError(400, f"Invalid request: '{key}' must be {expected}, not {type(value).__name__}")
+    return value
+
+
+def _required(data: dict[str, Any], key: str, kind: type | tuple[type, ...]) -> Any:
+    value = _field(data, key, kind)
+    if value is None:
+        raise HubAPIError(400, f"Invalid request: '{key}' is required")
+    return value
+
+
+def _card_loader() -> type:
+    """libyaml's safe loader when it caps nesting (0.2.5+: 1,000 levels); else PyYAML's, which recurses in Python."""
+    try:
+        from yaml import CSafeLoader, _yaml  # type: ignore[attr-defined]
+
+        if tuple(_yaml.get_version()) >= (0, 2, 5):
+            return CSafeLoader  # several times faster: parsing is what an anonymous caller can make us do
+    except (ImportError, AttributeError):
+        pass
+    return yaml.SafeLoader
+
+
+_CARD_LOADER = _card_loader()
+
+
+def _refuse_aliases(root: yaml.Node) -> None:
+    """Aliases make a few bytes stand for billions of values (or a cycle): refuse any node reached twice."""
+    seen: set[int] = set()
+    stack = [root]
+    while stack:
+        node = stack.pop()
+        if id(node) in seen:
+            raise yaml.composer.ComposerError(
+                None, None, "YAML aliases (*name) are not accepted in model card metadata", node.start_mark
+            )
+        seen.add(id(node))
+        if isinstance(node, yaml.SequenceNode):
+            stack.extend(node.value)
+        elif isinstance(node, yaml.MappingNode):
+            stack.extend(item for pair in node.value for item in pair)
+
+
+def _load_yaml(text: str) -> Any:
+    """Safe-load one YAML document: composed first (aliases stay shared nodes), checked, then built."""
+    loader = _CARD_LOADER(text)
+    try:
+        node = loader.get_single_node()
+        if node is None:
+            return None
+        _refuse_aliases(node)
+        return loader.construct_document(node)
+    finally:
+        loader.dispose()
+
+
 def parse_front_matter(text: str) -> dict[str, Any] | None:
-    """The YAML metadata block of a model card, as JSON-safe data (None if absent)."""
+    """The YAML metadata block of a model card, as JSON-safe data (None if absent).
+
+    Raises :class:`yaml.YAMLError` for anything the Hub would not accept as metadata,
+    including aliases, nesting deeper than the recursion limit and values JSON cannot hold.
+    """
     match = _FRONT_MATTER.match(text)
     if not match:
         return None
-    data = yaml.safe_load(match.group(1))
+    block = match.group(1)
+    if len(block) > MAX_FRONT_MATTER:
+        raise yaml.YAMLError(f"the metadata block is larger than {MAX_FRONT_MATTER // 1024} KiB")
+    try:
+        data = _load_yaml(block)
+    except RecursionError as e:  # PyYAML's own loader on deep nesting
+        raise yaml.YAMLError("the metadata block is nested too deeply") from e
     if data is None:
         return None
     if not isinstance(data, dict):
         raise yaml.YAMLError("the metadata block must be a mapping")
-    return json.loads(json.dumps(data, default=str))
+    try:
+        return json.loads(json.dumps(data, default=str, allow_nan=False))
+    except (TypeError, ValueError, RecursionError) as e:  # date keys, .nan, .inf
+        raise yaml.YAMLError(f"the metadata cannot be represented as JSON: {e}") from e
+
+
+@functools.lru_cache(maxsize=256)
+def _card_of_blob(path: Path) -> dict[str, Any] | None:
+    """Card data of one README blob, parsed once: blobs are content-addressed, so the path is the content."""
+    try:
+        return parse_front_matter(path.read_bytes().decode("utf-8", "replace"))
+    except (yaml.YAMLError, OSError):
+        return None  # a committed card the Hub would have refused: no metadata, never a 500
 
 
 def _card_data(store: LocalHubStore, tree: Tree) -> dict[str, Any] | None:
     entry = tree.get("README.md")
-    if entry is None or entry.size > 1024 * 1024:
+    if entry is None or entry.size > MAX_CARD_BYTES:
         return None
-    try:
-        return parse_front_matter(store.read_blob(entry).decode("utf-8", "replace"))
-    except yaml.YAMLError:
-        return None
+    return _card_of_blob(store.blobs.path(entry.sha256))
 
 
 def _tags(card: dict[str, Any] | None) -> list[str]:
     if not card:
         return []
     tags = card.get("tags") or []
-    tags = [tags] if isinstance(tags, str) else [str(t) for t in tags]
+    tags = [tags] if isinstance(tags, str) else [str(t) for t in tags] if isinstance(tags, list) else []
     for key in ("library_name", "pipeline_tag"):
         if isinstance(card.get(key), str):
             tags.append(card[key])
@@ -279,7 +477,8 @@ def _repo_info(store: LocalHubStore, repo: Repo, commit: Commit) -> dict[str, An
 
 
 def _sign(store: LocalHubStore, repo: Repo, oid: str, size: int, expires: int) -> str:
-    message = f"{repo.id}:{repo.type}/{repo.repo_id}:{oid}:{size}:{expires}".encode()
+    # created_at too: a URL for a deleted repo must not work for a new one that got its id and name.
+    message = f"{repo.id}:{repo.created_at}:{repo.type}/{repo.repo_id}:{oid}:{size}:{expires}".encode()
     return hmac.new(store.secret, message, sha256).hexdigest()
 
 
@@ -308,9 +507,14 @@ def whoami(request: Request) -> dict[str, Any]:
 
 @router.post("/api/validate-yaml")
 async def validate_yaml(request: Request) -> JSONResponse:
-    body = await _json(request)
+    body = await _json(request, MAX_ANONYMOUS_BODY)  # open to anyone: never read much
+    content = _field(body, "content", str, "")
+    if len(content) > MAX_CARD_BYTES:
+        raise HubAPIError(413, f"README.md is larger than {MAX_CARD_BYTES // 1024} KiB")
     try:
-        parse_front_matter(str(body.get("content", "")))
+        # A thread: parsing even a bounded block takes a while, and the event loop serves everyone.
+        async with request.app.state.yaml_slots:
+            await run_in_threadpool(parse_front_matter, content)
     except yaml.YAMLError as e:
         message = f"Invalid YAML metadata in README.md: {' '.join(str(e).split())}"
         return JSONResponse({"errors": [{"message": message}], "warnings": []}, status_code=400)
@@ -319,16 +523,15 @@ async def validate_yaml(request: Request) -> JSONResponse:
 
 @router.post("/api/repos/create")
 async def create_repo(request: Request) -> JSONResponse:
+    caller = await _authenticated(request, "create a repo")
     body = await _json(request)
+    name = _required(body, "name", str)
+    namespace = _field(body, "organization", str) or caller.name
+    private = _field(body, "visibility", str) == "private" or _field(body, "private", bool) is True
+    repo_type = _field(body, "type", str) or "model"
 
     def create() -> tuple[Repo, bool]:
-        caller = _caller(request)
-        namespace = body.get("organization") or (caller.name if caller else None)
-        if caller is None or namespace is None:
-            raise HubAPIError(401, "You must be authenticated to create a repo: pass a token.")
-        private = body.get("visibility") == "private" or body.get("private") is True
-        repo_type = body.get("type") or "model"
-        return _store(request).create_repo(caller, repo_type, namespace, str(body.get("name", "")), private=private)
+        return _store(request).create_repo(caller, repo_type, namespace, name, private=private)
 
     repo, created = await run_in_threadpool(create)
     url = f"{_base(request)}/{repo.url_path}"
@@ -339,14 +542,14 @@ async def create_repo(request: Request) -> JSONResponse:
 
 @router.delete("/api/repos/delete")
 async def delete_repo(request: Request) -> Response:
+    caller = await _authenticated(request, "delete a repo")
     body = await _json(request)
-    kind = f"{body.get('type') or 'model'}s"
+    kind = f"{_field(body, 'type', str) or 'model'}s"
+    namespace = _field(body, "organization", str) or caller.name
+    name = _required(body, "name", str)
 
     def delete() -> None:
-        caller = _caller(request)
-        namespace = body.get("organization") or (caller.name if caller else "")
-        repo = _open(request, kind, namespace, str(body.get("name", "")), write=True)
-        _store(request).delete_repo(repo)
+        _store(request).delete_repo(_open(request, kind, namespace, name, write=True))
 
     await run_in_threadpool(delete)
     return Response(status_code=200)
@@ -354,17 +557,18 @@ async def delete_repo(request: Request) -> Response:
 
 @router.put("/api/{kind}/{ns}/{name}/settings")
 async def update_settings(request: Request, kind: str, ns: str, name: str) -> dict[str, Any]:
+    repo = await _writer(request, kind, ns, name)
     body = await _json(request)
+    private = _field(body, "private", bool)
+    if _field(body, "visibility", str) is not None:
+        private = body["visibility"] == "private"
+    gated = _field(body, "gated", (str, bool))
 
     def update() -> dict[str, Any]:
-        repo = _open(request, kind, ns, name, write=True)
-        private = body.get("private")
-        if "visibility" in body:
-            private = body["visibility"] == "private"
-        if isinstance(private, bool):
+        if private is not None:
             _store(request).set_private(repo, private)
         if "gated" in body:
-            _store(request).set_gate(repo, body["gated"] or None)
+            _store(request).set_gate(repo, gated or None)
         return {"private": repo.private if private is None else private, "gated": _store(request).gate(repo) or False}
 
     return await run_in_threadpool(update)
@@ -421,10 +625,13 @@ def _list_tree(tree: Tree, folder: str, recursive: bool, commit: str) -> list[di
 
 @router.post("/api/{kind}/{ns}/{name}/paths-info/{rev:path}")
 async def paths_info(request: Request, kind: str, ns: str, name: str, rev: str) -> list[dict]:
-    form = parse_qs((await request.body()).decode(), keep_blank_values=True)
+    repo = await run_in_threadpool(_open, request, kind, ns, name)
+    try:
+        form = parse_qs((await _body(request, MAX_ANONYMOUS_BODY)).decode(), keep_blank_values=True)
+    except UnicodeDecodeError as e:
+        raise HubAPIError(400, f"Request body is not a UTF-8 form: {e}") from e
 
     def describe() -> list[dict[str, Any]]:
-        repo = _open(request, kind, ns, name)
         store = _store(request)
         tree = store.tree(store.resolve(repo, rev))
         all_folders = folders(tree)
@@ -466,19 +673,13 @@ def list_refs(request: Request, kind: str, ns: str, name: str, include_prs: bool
 # -- branches and tags ------------------------------------------------------------
 
 
-async def _create_ref(request: Request, kind: str, ns: str, name: str, ref: str, starting_point: str) -> dict[str, Any]:
-    def create() -> None:
-        repo = _open(request, kind, ns, name, write=True)
-        _store(request).create_ref(repo, ref, starting_point)
-
-    await run_in_threadpool(create)
-    return {}
-
-
 @router.post("/api/{kind}/{ns}/{name}/branch/{branch:path}")
 async def create_branch(request: Request, kind: str, ns: str, name: str, branch: str) -> dict[str, Any]:
+    repo = await _writer(request, kind, ns, name)
     body = await _json(request)
-    return await _create_ref(request, kind, ns, name, f"refs/heads/{branch}", body.get("startingPoint") or "main")
+    start = _field(body, "startingPoint", str) or "main"
+    await run_in_threadpool(_store(request).create_ref, repo, f"refs/heads/{branch}", start)
+    return {}
 
 
 @router.delete("/api/{kind}/{ns}/{name}/branch/{branch:path}")
@@ -489,8 +690,10 @@ def delete_branch(request: Request, kind: str, ns: str, name: str, branch: str) 
 
 @router.post("/api/{kind}/{ns}/{name}/tag/{rev:path}")
 async def create_tag(request: Request, kind: str, ns: str, name: str, rev: str) -> dict[str, Any]:
-    body = await _json(request)
-    return await _create_ref(request, kind, ns, name, f"refs/tags/{body.get('tag', '')}", rev)
+    repo = await _writer(request, kind, ns, name)
+    tag = _required(await _json(request), "tag", str)
+    await run_in_threadpool(_store(request).create_ref, repo, f"refs/tags/{tag}", rev)
+    return {}
 
 
 @router.delete("/api/{kind}/{ns}/{name}/tag/{tag:path}")
@@ -504,16 +707,14 @@ def delete_tag(request: Request, kind: str, ns: str, name: str, tag: str) -> dic
 
 @router.post("/api/{kind}/{ns}/{name}/preupload/{rev:path}")
 async def preupload(request: Request, kind: str, ns: str, name: str, rev: str) -> dict[str, Any]:
-    body = await _json(request)
+    repo = await _writer(request, kind, ns, name)
+    items = [_preupload_item(item) for item in _field(await _json(request), "files", list, [])]
 
     def plan() -> dict[str, Any]:
-        repo = _open(request, kind, ns, name, write=True)
         store = _store(request)
         tree = store.tree(store.resolve(repo, rev))
         files = []
-        for item in body.get("files", []):
-            path, size = str(item["path"]), int(item.get("size", 0))
-            sample = base64.b64decode(item.get("sample", ""))
+        for path, size, sample in items:
             answer = {"path": path, "uploadMode": "lfs" if lfs_by_default(path, size, sample) else "regular"}
             answer["shouldIgnore"] = False
             if path in tree:
@@ -524,13 +725,24 @@ async def preupload(request: Request, kind: str, ns: str, name: str, rev: str) -
     return await run_in_threadpool(plan)
 
 
+def _preupload_item(item: Any) -> tuple[str, int, bytes]:
+    """``(path, size, sample)`` of one file the client is about to upload."""
+    if not isinstance(item, dict):
+        raise HubAPIError(400, "Invalid request: each of 'files' must be an object")
+    try:
+        sample = base64.b64decode(_field(item, "sample", str, ""), validate=True)
+    except binascii.Error as e:
+        raise HubAPIError(400, f"Invalid request: 'sample' is not base64: {e}") from e
+    return _required(item, "path", str), _field(item, "size", int, 0), sample
+
+
 @router.post("/api/{kind}/{ns}/{name}/commit/{rev:path}")
 async def commit(request: Request, kind: str, ns: str, name: str, rev: str, create_pr: str = "") -> dict[str, Any]:
+    repo = await _writer(request, kind, ns, name)  # before the body: an anonymous upload is refused unread
     body = await request.body()
 
     def run() -> dict[str, Any]:
         caller = _caller(request)
-        repo = _open(request, kind, ns, name, write=True)
         store = _store(request)
         header, operations = _parse_commit(store, body)
         result = store.commit(
@@ -538,9 +750,9 @@ async def commit(request: Request, kind: str, ns: str, name: str, rev: str, crea
             caller.name if caller else "",
             rev,
             operations,
-            summary=str(header.get("summary") or ""),
-            description=str(header.get("description") or ""),
-            parent_commit=header.get("parentCommit"),
+            summary=_field(header, "summary", str, ""),
+            description=_field(header, "description", str, ""),
+            parent_commit=_field(header, "parentCommit", str),
             create_pr=create_pr.lower() in ("1", "true"),
         )
         url = f"{_base(request)}/{repo.url_path}"
@@ -559,33 +771,41 @@ def _parse_commit(store: LocalHubStore, body: bytes) -> tuple[dict[str, Any], li
     """Decode the ndjson commit payload; inline file contents go to the blob store right away."""
     header: dict[str, Any] = {}
     operations: list[Operation] = []
-    for line in body.splitlines():
+    for number, line in enumerate(body.splitlines(), 1):
         if not line.strip():
             continue
-        try:
-            item = json.loads(line)
-            key, value = item["key"], item["value"]
-            if key == "header":
-                header = value
-            elif key == "file":
-                content = value["content"]
-                data = base64.b64decode(content) if value.get("encoding") == "base64" else content.encode()
-                store.blobs.put(data)
-                operations.append(AddFile(value["path"], Entry.regular(data)))
-            elif key == "lfsFile":
-                oid = str(value["oid"])
-                if value.get("algo", "sha256") != "sha256" or not _SHA256.fullmatch(oid):
-                    raise HubAPIError(400, f"Invalid LFS oid for '{value['path']}': expected a sha256")
-                operations.append(AddLfs(value["path"], oid, value.get("size")))
-            elif key in ("deletedFile", "deletedFolder"):
-                operations.append(Delete(value["path"], folder=key == "deletedFolder"))
-            else:
-                raise HubAPIError(400, f"Unsupported commit operation '{key}'")
-        except (ValueError, KeyError, TypeError) as e:
-            raise HubAPIError(400, f"Malformed commit payload line: {e}") from e
-    if not header.get("summary"):
+        item = parse_json(line, f"Commit payload line {number}")
+        if not isinstance(item, dict) or not isinstance(item.get("value"), dict):
+            raise HubAPIError(400, f'Malformed commit payload line {number}: expected {{"key": ..., "value": {{...}}}}')
+        if item.get("key") == "header":
+            header = item["value"]
+        else:
+            operations.append(_operation(store, item.get("key"), item["value"]))
+    if not _field(header, "summary", str):
         raise HubAPIError(400, "A commit needs a summary (the commit message)")
     return header, operations
+
+
+def _operation(store: LocalHubStore, key: Any, value: dict[str, Any]) -> Operation:
+    """One operation of a commit payload, its fields checked before anything is stored."""
+    path = _required(value, "path", str)
+    if key == "file":
+        validate_path(path)
+        content = _field(value, "content", str, "")
+        try:
+            data = base64.b64decode(content, validate=True) if value.get("encoding") == "base64" else content.encode()
+        except binascii.Error as e:
+            raise HubAPIError(400, f"Invalid content for '{path}': {e}") from e
+        store.blobs.put(data)
+        return AddFile(path, Entry.regular(data))
+    if key == "lfsFile":
+        oid = _field(value, "oid", str, "")
+        if _field(value, "algo", str, "sha256") != "sha256" or not _SHA256.fullmatch(oid):
+            raise HubAPIError(400, f"Invalid LFS oid for '{path}': expected a sha256")
+        return AddLfs(validate_path(path), oid, _field(value, "size", int))
+    if key in ("deletedFile", "deletedFolder"):
+        return Delete(path, folder=key == "deletedFolder")
+    raise HubAPIError(400, f"Unsupported commit operation '{key}'")
 
 
 @router.get("/api/{kind}/{ns}/{name}/xet-write-token/{rev:path}")
@@ -597,47 +817,53 @@ def xet_token(kind: str, ns: str, name: str, rev: str) -> JSONResponse:
 def _lfs_routes(prefix: str) -> None:
     """Register the LFS batch and verify endpoints under one repo-type URL prefix."""
 
+    kind = prefix.strip("/") or "models"
+
     @router.post(prefix + "/{ns}/{name}.git/info/lfs/objects/batch")
     async def lfs_batch(request: Request, ns: str, name: str) -> JSONResponse:
+        repo = await _writer(request, kind, ns, name)
         body = await _json(request)
-        kind = prefix.strip("/") or "models"
-        answer = await run_in_threadpool(_lfs_batch, request, kind, ns, name, body)
+        if body.get("operation") != "upload":
+            raise HubAPIError(400, "This local hub only supports LFS uploads; download files through /resolve/")
+        objects = _field(body, "objects", list, [])
+        if not all(isinstance(obj, dict) for obj in objects):
+            raise HubAPIError(400, "Invalid request: each of 'objects' must be an object")
+        answer = await run_in_threadpool(_lfs_batch, request, repo, objects)
         return JSONResponse(answer, media_type="application/vnd.git-lfs+json")
 
     @router.post(prefix + "/{ns}/{name}.git/info/lfs/objects/verify")
     async def lfs_verify(request: Request, ns: str, name: str) -> dict[str, Any]:
+        repo = await _writer(request, kind, ns, name)
         body = await _json(request)
-
-        def verify() -> dict[str, Any]:
-            repo = _open(request, prefix.strip("/") or "models", ns, name, write=True)
-            if _store(request).object_size(repo, str(body.get("oid"))) != body.get("size"):
-                raise HubAPIError(404, f"LFS object {body.get('oid')} of size {body.get('size')} is not stored")
-            return {"message": "verified"}
-
-        return await run_in_threadpool(verify)
+        oid, size = _required(body, "oid", str), _required(body, "size", int)
+        if await run_in_threadpool(_store(request).object_size, repo, oid) != size:
+            raise HubAPIError(404, f"LFS object {oid} of size {size} is not stored")
+        return {"message": "verified"}
 
 
-def _lfs_batch(request: Request, kind: str, ns: str, name: str, body: dict[str, Any]) -> dict[str, Any]:
-    if body.get("operation") != "upload":
-        raise HubAPIError(400, "This local hub only supports LFS uploads; download files through /resolve/")
-    repo = _open(request, kind, ns, name, write=True)
+def _lfs_batch(request: Request, repo: Repo, objects: list[dict[str, Any]]) -> dict[str, Any]:
     store = _store(request)
+    max_lfs = request.app.state.max_lfs
     base, expires = _base(request), int(time.time()) + UPLOAD_URL_TTL
-    objects = []
-    for obj in body.get("objects", []):
+    answers = []
+    for obj in objects:
         oid, size = str(obj.get("oid")), obj.get("size")
-        if not _SHA256.fullmatch(oid) or not isinstance(size, int) or size < 0:
+        if not _SHA256.fullmatch(oid) or not isinstance(size, int) or isinstance(size, bool) or size < 0:
             error = {"code": 422, "message": "oid must be a sha256 hex digest and size a non-negative integer"}
-            objects.append({"oid": oid, "size": size if isinstance(size, int) else 0, "error": error})
+            answers.append({"oid": oid[:64], "size": 0, "error": error})
+        elif size > max_lfs:
+            error = {"code": 422, "message": f"size {size} is larger than this hub's {max_lfs}-byte limit per file"}
+            answers.append({"oid": oid, "size": 0, "error": error})
         elif store.object_size(repo, oid) == size:
-            objects.append({"oid": oid, "size": size})  # no actions: the client skips the upload
+            store.touch_object(oid)  # the client will commit it without uploading: keep gc off it
+            answers.append({"oid": oid, "size": size})  # no actions: the client skips the upload
         else:
             query = urlencode({"size": size, "expires": expires, "sig": _sign(store, repo, oid, size, expires)})
             upload = f"{base}/api/lfs-upload/{repo.type}/{repo.repo_id}/{oid}?{query}"
             verify = f"{base}/{repo.url_path}.git/info/lfs/objects/verify"
             actions = {"upload": {"href": upload, "expires_in": UPLOAD_URL_TTL}, "verify": {"href": verify}}
-            objects.append({"oid": oid, "size": size, "authenticated": True, "actions": actions})
-    return {"transfer": "basic", "objects": objects, "hash_algo": "sha256"}
+            answers.append({"oid": oid, "size": size, "authenticated": True, "actions": actions})
+    return {"transfer": "basic", "objects": answers, "hash_algo": "sha256"}
 
 
 for _prefix in ("", "/datasets", "/spaces"):
@@ -654,7 +880,8 @@ async def lfs_upload(request: Request, repo_type: str, ns: str, name: str, oid: 
     except (KeyError, ValueError) as e:
         raise HubAPIError(403, "Invalid upload URL: request a new one through the LFS batch endpoint") from e
     repo = await run_in_threadpool(store.find_repo, repo_type, ns, name)
-    if repo is None or expires < time.time() or not hmac.compare_digest(sig, _sign(store, repo, oid, size, expires)):
+    expected = _sign(store, repo, oid, size, expires).encode() if repo else b""
+    if repo is None or expires < time.time() or not hmac.compare_digest(sig.encode(), expected):
         raise HubAPIError(403, "Invalid or expired upload URL: request a new one through the LFS batch endpoint")
     writer = await run_in_threadpool(store.blobs.writer, max_size=size)
     try:

@@ -7,6 +7,7 @@ import logging
 import os
 import sys
 import socket
+import sqlite3
 import threading
 import time
 from pathlib import Path
@@ -15,10 +16,15 @@ import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
 from ..errors import InputError
-from .server import create_app
+from .server import DEFAULT_MAX_BODY, DEFAULT_MAX_LFS, create_app
+from .store import LocalHubStore
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7863
+DEFAULT_MAX_BODY_MB = DEFAULT_MAX_BODY // 1024**2
+DEFAULT_MAX_LFS_GB = DEFAULT_MAX_LFS // 1000**3
+
+logger = logging.getLogger("hub_export.localhub")
 
 
 def default_root() -> Path:
@@ -45,6 +51,11 @@ def check_host(host: str, allow_remote: bool) -> None:
         )
 
 
+def _check_limits(max_body_mb: int, max_lfs_gb: int) -> None:
+    if max_body_mb < 1 or max_lfs_gb < 1:
+        raise InputError("--max-body-mb and --max-lfs-gb must be at least 1.")
+
+
 def _bind(host: str, port: int) -> socket.socket:
     """Bind first, so port 0 yields a free port that we know before uvicorn starts."""
     family = socket.AF_INET6 if ":" in host.strip("[]") else socket.AF_INET
@@ -63,9 +74,23 @@ def _endpoint(sock: socket.socket) -> str:
     return f"http://[{host}]:{port}" if ":" in host else f"http://{host}:{port}"
 
 
-def _server(root: str | Path, sock: socket.socket, *, log: bool) -> uvicorn.Server:
+def sweep(root: str | Path) -> None:
+    """Clear what crashes left behind (old upload temp files, unreferenced blobs) before serving."""
+    try:
+        result = LocalHubStore(root).gc()
+    except (OSError, sqlite3.Error) as e:  # litter must never keep the hub from starting
+        logger.warning("Could not sweep %s: %s", root, e)
+        return
+    if result.temp.count or result.blobs.count:
+        logger.info("Start-up sweep: %s", result)
+
+
+def _server(
+    root: str | Path, sock: socket.socket, *, log: bool, max_body_mb: int, max_lfs_gb: int
+) -> uvicorn.Server:
+    sweep(root)
     config = uvicorn.Config(
-        create_app(root),
+        create_app(root, max_body=max_body_mb * 1024**2, max_lfs=max_lfs_gb * 1000**3),
         log_config=LOGGING_CONFIG if log else None,
         access_log=False,  # our RequestLog writes a redacted line instead
         lifespan="off",
@@ -74,16 +99,24 @@ def _server(root: str | Path, sock: socket.socket, *, log: bool) -> uvicorn.Serv
     return uvicorn.Server(config)
 
 
-def serve(root: str | Path, host: str = DEFAULT_HOST, port: int = DEFAULT_PORT, *, allow_remote: bool = False) -> None:
+def serve(
+    root: str | Path,
+    host: str = DEFAULT_HOST,
+    port: int = DEFAULT_PORT,
+    *,
+    allow_remote: bool = False,
+    max_body_mb: int = DEFAULT_MAX_BODY_MB,
+    max_lfs_gb: int = DEFAULT_MAX_LFS_GB,
+) -> None:
     """Serve until interrupted. Prints the endpoint once listening."""
     check_host(host, allow_remote)
+    _check_limits(max_body_mb, max_lfs_gb)
     sock = _bind(host, port)
-    server = _server(root, sock, log=True)
     handler = logging.StreamHandler(sys.stderr)
     handler.setFormatter(logging.Formatter("%(asctime)s %(message)s"))
-    request_log = logging.getLogger("hub_export.localhub")
-    request_log.addHandler(handler)
-    request_log.setLevel(logging.INFO)
+    logger.addHandler(handler)
+    logger.setLevel(logging.INFO)
+    server = _server(root, sock, log=True, max_body_mb=max_body_mb, max_lfs_gb=max_lfs_gb)
     endpoint = _endpoint(sock)
     print(f"Local hub at {endpoint}  (root: {Path(root).expanduser()})", flush=True)
     print(f"Use it with: HF_ENDPOINT={endpoint} HF_HUB_DISABLE_XET=1", flush=True)
@@ -120,13 +153,16 @@ def serve_in_thread(
     *,
     allow_remote: bool = False,
     timeout: float = 10.0,
+    max_body_mb: int = DEFAULT_MAX_BODY_MB,
+    max_lfs_gb: int = DEFAULT_MAX_LFS_GB,
 ) -> LocalHub:
     """Start a hub on ``root`` in a daemon thread (``port=0``: a free port); return once it accepts requests."""
     check_host(host, allow_remote)
+    _check_limits(max_body_mb, max_lfs_gb)
     root = Path(root).expanduser()
     sock = _bind(host, port)
     endpoint = _endpoint(sock)
-    server = _server(root, sock, log=False)
+    server = _server(root, sock, log=False, max_body_mb=max_body_mb, max_lfs_gb=max_lfs_gb)
     thread = threading.Thread(target=server.run, kwargs={"sockets": [sock]}, name="localhub", daemon=True)
     thread.start()
     deadline = time.monotonic() + timeout

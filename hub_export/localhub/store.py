@@ -18,6 +18,7 @@ import re
 import secrets
 import sqlite3
 import string
+import time
 from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
@@ -25,7 +26,19 @@ from datetime import datetime, timezone
 from pathlib import Path
 
 from ..errors import InputError
-from .objects import BlobStore, Entry, Tree, commit_oid, folders, tree_from_json, tree_id, tree_to_json
+from .objects import (
+    BlobStore,
+    Entry,
+    SweepResult,
+    Tree,
+    commit_oid,
+    folders,
+    private_dir,
+    tree_blobs,
+    tree_from_json,
+    tree_id,
+    tree_to_json,
+)
 
 REPO_TYPES = ("model", "dataset", "space")
 URL_PREFIXES = {"model": "", "dataset": "datasets/", "space": "spaces/"}
@@ -39,6 +52,12 @@ LFS_PATTERNS = (
 GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in LFS_PATTERNS).encode()
 
 _NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
+# Control characters break logs and headers; lone surrogates cannot be stored as UTF-8.
+_BAD_PATH_CHARS = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
+# An upload writes its temp file all along: an hour without a write is a dead upload.
+TEMP_MIN_AGE = 3600
+# An uploaded LFS object waits for its commit, which a large multi-file upload sends hours later.
+BLOB_MIN_AGE = 24 * 3600
 _OID_RE = re.compile(r"[0-9a-f]{40}")
 # Path segments the Hub serves under a namespace, so no account may take them.
 _RESERVED = {"api", "datasets", "spaces", "models", "buckets", "docs", "settings", "new", "organizations", "lfs"}
@@ -116,7 +135,7 @@ def validate_name(name: str, what: str = "repo name") -> str:
 def validate_path(path: str) -> str:
     """A path inside a repository: relative, no empty, '.', '..' or '.git' segments."""
     parts = path.split("/")
-    if not path or any(p in ("", ".", "..", ".git") for p in parts) or "\\" in path or "\0" in path:
+    if not path or any(p in ("", ".", "..", ".git") for p in parts) or "\\" in path or _BAD_PATH_CHARS.search(path):
         raise InputError(f"Invalid path in repository: '{path}'.")
     return path
 
@@ -211,6 +230,19 @@ class CommitResult:
     created: bool
 
 
+@dataclass(frozen=True)
+class GcResult:
+    temp: SweepResult
+    blobs: SweepResult
+
+    def __str__(self) -> str:
+        freed = (self.temp.bytes + self.blobs.bytes) / 1024**2
+        return (
+            f"Removed {self.temp.count} temp file(s) and {self.blobs.count} unreferenced blob(s),"
+            f" {freed:.1f} MiB freed."
+        )
+
+
 class LocalHubStore:
     """All persistent state of one local hub, rooted at ``root``.
 
@@ -220,8 +252,10 @@ class LocalHubStore:
 
     def __init__(self, root: str | Path):
         self.root = Path(root).expanduser().resolve()
-        self.root.mkdir(parents=True, exist_ok=True)
+        if not self.root.exists():
+            private_dir(self.root)
         self.db_path = self.root / "hub.sqlite"
+        self._private_database()
         self.blobs = BlobStore(self.root)
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
@@ -229,6 +263,13 @@ class LocalHubStore:
         self.secret = self._load_secret()
 
     # -- plumbing ---------------------------------------------------------------
+
+    def _private_database(self) -> None:
+        """Create the database file owner-only: SQLite gives its -wal and -shm files the same mode."""
+        os.close(os.open(self.db_path, os.O_WRONLY | os.O_CREAT, 0o600))
+        for path in (self.db_path, self.root / "hub.sqlite-wal", self.root / "hub.sqlite-shm"):
+            if path.exists() and path.stat().st_mode & 0o077:
+                path.chmod(0o600)  # a database created before files were made private
 
     @contextmanager
     def _connect(self) -> Iterator[sqlite3.Connection]:
@@ -291,19 +332,13 @@ class LocalHubStore:
         if role not in ("read", "write", "admin"):
             raise InputError(f"Invalid role '{role}': use read, write or admin.")
         with self._transaction() as db:
-            for account, kind in ((org, "org"), (user, "user")):
-                row = db.execute("SELECT kind FROM accounts WHERE name = ?", (account,)).fetchone()
-                if row is None or row["kind"] != kind:
-                    raise InputError(f"No {'organization' if kind == 'org' else 'user'} named '{account}'.")
+            org, user = self._existing(db, org, "org"), self._existing(db, user, "user")
             db.execute("INSERT OR REPLACE INTO members VALUES (?, ?, ?)", (org, user, role))
 
     def issue_token(self, user: str, *, read_only: bool = False) -> str:
         """Issue one more token for an existing user."""
         with self._transaction() as db:
-            row = db.execute("SELECT kind FROM accounts WHERE name = ?", (user,)).fetchone()
-            if row is None or row["kind"] != "user":
-                raise InputError(f"No user named '{user}'.")
-            return self._issue_token(db, user, read_only)
+            return self._issue_token(db, self._existing(db, user, "user"), read_only)
 
     def authenticate(self, token: str) -> Caller | None:
         """The caller a token belongs to, or None for an unknown token."""
@@ -314,10 +349,26 @@ class LocalHubStore:
             orgs = db.execute("SELECT org, role FROM members WHERE user = ?", (row["user"],)).fetchall()
         return Caller(row["user"], row["role"] == "write", {o["org"]: o["role"] for o in orgs})
 
+    @staticmethod
+    def _account(db: sqlite3.Connection, name: str) -> sqlite3.Row | None:
+        """The account called ``name`` in any letter case: the Hub has no ``Alice`` beside ``alice``."""
+        return db.execute(
+            "SELECT name, kind FROM accounts WHERE name = ? COLLATE NOCASE ORDER BY rowid LIMIT 1", (name,)
+        ).fetchone()
+
+    def _existing(self, db: sqlite3.Connection, name: str, kind: str) -> str:
+        """The canonical spelling of existing account ``name`` of ``kind``; InputError if there is none."""
+        row = self._account(db, name)
+        if row is None or row["kind"] != kind:
+            raise InputError(f"No {'organization' if kind == 'org' else 'user'} named '{name}'.")
+        return row["name"]
+
     def _ensure_account(self, db: sqlite3.Connection, name: str, kind: str) -> None:
-        row = db.execute("SELECT kind FROM accounts WHERE name = ?", (name,)).fetchone()
+        row = self._account(db, name)
         if row is None:
             db.execute("INSERT INTO accounts VALUES (?, ?, ?)", (name, kind, now_iso()))
+        elif row["name"] != name:
+            raise InputError(f"'{name}' is taken: '{row['name']}' exists and names are case-insensitive.")
         elif row["kind"] != kind:
             raise InputError(f"'{name}' already exists as {'an organization' if row['kind'] == 'org' else 'a user'}.")
 
@@ -359,7 +410,7 @@ class LocalHubStore:
         if repo is None or not self.can_read(caller, repo):
             raise repo_not_found()
         if write:
-            self.require_writer(caller, namespace, f"write to {repo.repo_id}")
+            self.require_writer(caller, repo.namespace, f"write to {repo.repo_id}")
         return repo
 
     # -- gated repositories ------------------------------------------------------
@@ -415,17 +466,24 @@ class LocalHubStore:
     # -- repositories -----------------------------------------------------------
 
     def find_repo(self, repo_type: str, namespace: str, name: str) -> Repo | None:
+        """The repo ``namespace/name`` in any letter case, as the Hub resolves ``alice/PUB`` to ``alice/pub``."""
         with self._connect() as db:
-            row = db.execute(
-                "SELECT * FROM repos WHERE type = ? AND namespace = ? AND name = ?", (repo_type, namespace, name)
-            ).fetchone()
+            row = self._find_repo(db, repo_type, namespace, name)
         return _repo(row) if row else None
+
+    @staticmethod
+    def _find_repo(db: sqlite3.Connection, repo_type: str, namespace: str, name: str) -> sqlite3.Row | None:
+        return db.execute(
+            "SELECT * FROM repos WHERE type = ? AND namespace = ? COLLATE NOCASE AND name = ? COLLATE NOCASE"
+            " ORDER BY id LIMIT 1",
+            (repo_type, namespace, name),
+        ).fetchone()
 
     def list_repos(self, caller: Caller | None, repo_type: str, author: str | None = None) -> list[Repo]:
         """Repos of ``repo_type`` visible to ``caller``, optionally limited to one namespace."""
         query, args = "SELECT * FROM repos WHERE type = ?", [repo_type]
         if author:
-            query, args = query + " AND namespace = ?", [*args, author]
+            query, args = query + " AND namespace = ? COLLATE NOCASE", [*args, author]
         with self._connect() as db:
             repos = [_repo(r) for r in db.execute(query + " ORDER BY namespace, name", args)]
         return [r for r in repos if self.can_read(caller, r)]
@@ -441,12 +499,13 @@ class LocalHubStore:
             raise InputError(f"Invalid repo type '{repo_type}': use one of {', '.join(REPO_TYPES)}.")
         validate_name(namespace, "namespace")
         validate_name(name)
+        with self._connect() as db:
+            account = self._account(db, namespace)
+        namespace = account["name"] if account else namespace  # canonical spelling: "ALICE" creates under "alice"
         self.require_writer(caller, namespace, f"create a {repo_type} under this namespace")
         assert caller is not None
         with self._transaction() as db:
-            row = db.execute(
-                "SELECT * FROM repos WHERE type = ? AND namespace = ? AND name = ?", (repo_type, namespace, name)
-            ).fetchone()
+            row = self._find_repo(db, repo_type, namespace, name)
             if row is not None:
                 return _repo(row), False
             created_at = now_iso()
@@ -462,10 +521,19 @@ class LocalHubStore:
         return repo, True
 
     def delete_repo(self, repo: Repo) -> None:
-        """Forget a repo, its commits and refs. Blobs stay on disk (they may be shared)."""
+        """Forget a repo and everything keyed by its id: SQLite gives a later repo the same id.
+
+        Blobs stay on disk (they may be shared); :meth:`gc` removes those nothing refers to.
+        """
         with self._transaction() as db:
-            for table, column in (("refs", "repo"), ("commits", "repo"), ("repo_objects", "repo"), ("repos", "id")):
-                db.execute(f"DELETE FROM {table} WHERE {column} = ?", (repo.id,))
+            db.execute("DELETE FROM repos WHERE id = ?", (repo.id,))
+            self._forget_orphans(db)
+
+    @staticmethod
+    def _forget_orphans(db: sqlite3.Connection) -> None:
+        """Delete rows of repos that no longer exist (a gate or grant must not pass to a reused id)."""
+        for table in ("refs", "commits", "repo_objects", "gates", "gate_access"):
+            db.execute(f"DELETE FROM {table} WHERE repo NOT IN (SELECT id FROM repos)")
 
     def set_private(self, repo: Repo, private: bool) -> None:
         with self._transaction() as db:
@@ -527,6 +595,10 @@ class LocalHubStore:
         with self._connect() as db:
             return self._object_size(db, repo, sha256)
 
+    def touch_object(self, sha256: str) -> None:
+        """A client was told the object is stored and will commit it: keep gc off it for a while."""
+        self.blobs.touch(sha256)
+
     def add_object(self, repo: Repo, sha256: str, size: int) -> None:
         """Record that a verified upload of ``sha256`` belongs to ``repo``."""
         with self._transaction() as db:
@@ -539,6 +611,30 @@ class LocalHubStore:
             (repo.id, sha256),
         ).fetchone()
         return row["size"] if row and self.blobs.has(sha256) else None
+
+    # -- garbage collection -------------------------------------------------------
+
+    def gc(self, min_age: float = BLOB_MIN_AGE) -> GcResult:
+        """Remove upload temp files and blobs no commit refers to, once older than their grace period.
+
+        Age is what protects work in flight: uploads keep writing their temp file, and a
+        blob about to be committed is touched when it is stored or found already stored
+        (:meth:`BlobStore.touch`). Temp files go after ``min(min_age, TEMP_MIN_AGE)``.
+        """
+        now = time.time()
+        temp = self.blobs.sweep_temp(now - min(min_age, TEMP_MIN_AGE))
+        with self._transaction() as db:
+            self._forget_orphans(db)
+            db.execute("DELETE FROM trees WHERE id NOT IN (SELECT tree FROM commits)")
+            live: set[str] = set()
+            for row in db.execute("SELECT entries FROM trees"):
+                live |= tree_blobs(row["entries"])
+        blobs, removed = self.blobs.sweep(live, now - min_age)
+        with self._transaction() as db:
+            gone = [(sha,) for sha in removed if not self.blobs.has(sha)]  # not uploaded again meanwhile
+            db.executemany("DELETE FROM repo_objects WHERE sha256 = ?", gone)
+            db.executemany("DELETE FROM objects WHERE sha256 = ?", gone)
+        return GcResult(temp, blobs)
 
     # -- commits ----------------------------------------------------------------
 
