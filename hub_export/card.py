@@ -235,6 +235,9 @@ def _quality_cell(quality: Any) -> str:
     return f"{quality['perplexity']:.1f} ({quality['ratio']:.2f}x fp32)"
 
 
+quality_cell = _quality_cell  # public name for the CLI and the Space
+
+
 def _quality_text(variants: list[Variant]) -> dict[str, Any] | None:
     for variant in variants:
         quality = (variant.verification or {}).get("quality")

@@ -330,31 +330,33 @@ def ls_command(
     token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
 ):
     """List the variants of a published repo: size, context, verification, speed."""
-    from .manifest import describe_quality
+    from .card import quality_cell as _quality_cell
     from .publish import list_variants
 
     manifest = list_variants(repo_id, endpoint=endpoint, token=token, revision=revision)
     table = Table(title=escape(f"{repo_id}  (from {manifest.source.get('id')})"))
     table.add_column("file", no_wrap=True)
-    table.add_column("qmode", no_wrap=True)
     for column in ("size", "context"):
         table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("quality (text perplexity)")
-    table.add_column("verification")
-    table.add_column("tok/s", justify="right")
+    table.add_column("perplexity", no_wrap=True)
+    table.add_column("verified vs eager")
+    table.add_column("tok/s", justify="right", no_wrap=True)
     for v in manifest.variants:
         check = v.verification
         speed = check.get("runner_decode_tokens_per_s")
         table.add_row(
             v.file,
-            v.qmode + (f"+emb{v.qembedding}" if v.qembedding else ""),
             human_size(v.total_bytes),
             str(v.max_seq_len),
-            escape(describe_quality(check) or "-"),
-            escape(_verified_text(check)),
+            escape(_quality_cell(check.get("quality"))),
+            escape(_verified_text(check).removesuffix(" vs eager")),
             f"{speed:.0f}" if _is_number(speed) and speed > 0 else "-",
         )
     out.print(table)
+    qualities = [v.verification.get("quality") for v in manifest.variants if isinstance(v.verification.get("quality"), dict)]
+    if qualities:
+        out.print(f"[dim]perplexity: on {qualities[0].get('tokens')} tokens of English text, through the .pte; "
+                  "in brackets, its ratio to the fp32 model's[/dim]")
     if manifest.machine:
         out.print(f"[dim]tok/s: decode speed of the ExecuTorch runner at export, on {escape(manifest.machine)}[/dim]")
 

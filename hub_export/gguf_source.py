@@ -137,6 +137,10 @@ def _convert(path: Path, out: Path) -> None:
     from transformers import AutoModelForCausalLM, AutoTokenizer
 
     folder, name = str(path.parent), path.name
+    # Our stage log already says what happens; transformers' per-tensor bar would only add noise.
+    from transformers.utils import logging as hf_logging
+
+    hf_logging.disable_progress_bar()
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
         model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
