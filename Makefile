@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 test: $(STAMP)
-	$(VENV)/bin/pytest -q
+	$(VENV)/bin/pytest -q --durations=15
 
 test-all: $(STAMP)
 	$(VENV)/bin/pytest -q -m "slow or not slow"

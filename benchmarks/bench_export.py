@@ -252,7 +252,11 @@ def main() -> None:
     single = export_variants(export_source, args.work / "export-single", qmodes[:1], args.qembedding, args.max_seq_len,
                              share, gguf_file)
     out = args.work / "export"
-    cost = export_variants(export_source, out, qmodes, args.qembedding, args.max_seq_len, share, gguf_file)
+    if len(qmodes) == 1:  # the one-variant run already is the whole run
+        out = args.work / "export-single"
+        cost = single
+    else:
+        cost = export_variants(export_source, out, qmodes, args.qembedding, args.max_seq_len, share, gguf_file)
     manifest = Manifest.read(out)
     prompt = _prompt_of_exactly(model_dir / "tokenizer.json", PROMPT_TOKENS)
     eager = eager_speed(model_dir, prompt)

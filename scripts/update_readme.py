@@ -23,9 +23,10 @@ def main() -> None:
 
     readme = ROOT / "README.md"
     text = replace_section(readme.read_text(), "archs-table", markdown_table())
-    bench = ROOT / "benchmarks" / "results" / "smollm2-135m-shaped.md"
-    if bench.is_file():
-        text = replace_section(text, "bench-table", bench.read_text())
+    for section, name in (("bench-real", "smollm2-135m-instruct"), ("bench-table", "smollm2-135m-shaped")):
+        bench = ROOT / "benchmarks" / "results" / f"{name}.md"
+        if bench.is_file():
+            text = replace_section(text, section, bench.read_text())
     readme.write_text(text)
 
 

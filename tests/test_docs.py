@@ -31,10 +31,11 @@ def test_archs_cli_prints_the_same_table():
     assert result.stdout.strip() == markdown_table().strip()
 
 
-def test_readme_benchmark_table_matches_the_results_file():
-    results = ROOT / "benchmarks" / "results" / "smollm2-135m-shaped.md"
-    assert results.is_file(), "run `make bench` and `python scripts/update_readme.py`"
-    assert _section("bench-table") == results.read_text().strip()
+def test_readme_benchmark_tables_match_the_results_files():
+    for section, name in (("bench-real", "smollm2-135m-instruct"), ("bench-table", "smollm2-135m-shaped")):
+        results = ROOT / "benchmarks" / "results" / f"{name}.md"
+        assert results.is_file(), "run `make bench` and `python scripts/update_readme.py`"
+        assert _section(section) == results.read_text().strip()
 
 
 def test_readme_quotes_the_benchmark_command_and_set_up_commands():
