@@ -90,15 +90,19 @@ def top1_within_ties(reference: TokenStats, logprobs: torch.Tensor, tie: float) 
     return (gap <= tie).float().mean().item()
 
 
-def mean_kl(reference: TokenStats, logprobs: torch.Tensor) -> float:
-    """Mean KL(reference || candidate) over positions; ``logprobs`` are the candidate's, full width."""
+def kl_rows(reference: TokenStats, q_top: torch.Tensor) -> torch.Tensor:
+    """KL(reference || candidate) per position, from the candidate's log-probs at the reference's top ids."""
     p = reference.top_logprobs.exp()
-    q_top = logprobs.gather(-1, reference.top_ids)
     head = (p * (reference.top_logprobs - q_top)).sum(-1)
     rest_p = (1 - p.sum(-1)).clamp_min(1e-12)
     rest_q = (1 - q_top.exp().sum(-1)).clamp_min(1e-12)
     tail = rest_p * (rest_p.log() - rest_q.log())
-    return float((head + tail).clamp_min(0).mean())
+    return (head + tail).clamp_min(0)
+
+
+def mean_kl(reference: TokenStats, logprobs: torch.Tensor) -> float:
+    """Mean KL(reference || candidate) over positions; ``logprobs`` are the candidate's, full width."""
+    return float(kl_rows(reference, logprobs.gather(-1, reference.top_ids)).mean())
 
 
 @dataclass
@@ -292,27 +296,54 @@ def _top1(a: torch.Tensor, b: torch.Tensor) -> float:
     return (a.argmax(-1) == b.argmax(-1)).float().mean().item()
 
 
-def _runtime_text(pte: PteModel, windows: list[torch.Tensor]) -> torch.Tensor:
-    """Runtime log-probs over every evaluation window, ``[predictions, vocab]``, float16 to bound memory."""
-    rows = []
+@dataclass
+class _TextRun:
+    """What verification keeps of the runtime's pass over the text: a few numbers per position, not the
+    full vocabulary (2,048 x 49,152 log-probs would add about 1 GB to the export's peak)."""
+
+    argmax: torch.Tensor  # [N]
+    target_lp: torch.Tensor  # [N]
+    fp32_top: torch.Tensor | None  # [N, k]: log-probs at fp32's top ids
+    eager_top: torch.Tensor | None  # [M, k]: log-probs at quantized eager's top ids (judged positions)
+    eager_gap: torch.Tensor | None  # [M]: own max minus the log-prob of eager's top token
+    finite: bool = True
+
+
+def _runtime_text(pte: PteModel, windows: list[torch.Tensor], fp32: TokenStats | None,
+                  eager: TokenStats | None) -> _TextRun | None:
+    """Run every evaluation window through the runtime, keeping only what the figures need."""
+    if not windows:
+        return None
+    argmax, target_lp, fp32_top, eager_top, eager_gap, finite = [], [], [], [], [], True
+    index = 0
     for window in windows:
-        for row in _pte_rows(pte, window, 1, window.shape[1] - 1):
-            rows.append(torch.log_softmax(row.float(), -1).to(torch.float16))
-    return torch.stack(rows) if rows else torch.empty(0)
+        for offset, row in enumerate(_pte_rows(pte, window, 1, window.shape[1] - 1)):
+            lp = torch.log_softmax(row.float(), -1)
+            finite = finite and bool(torch.isfinite(lp).all())
+            argmax.append(lp.argmax())
+            target_lp.append(lp[window[0, offset + 1]])
+            if fp32 is not None:
+                fp32_top.append(lp[fp32.top_ids[index]])
+            if eager is not None and index < eager.top_ids.shape[0]:
+                eager_top.append(lp[eager.top_ids[index]])
+                eager_gap.append(lp.max() - lp[eager.argmax[index]])
+            index += 1
+    stack = lambda rows: torch.stack(rows) if rows else None  # noqa: E731
+    return _TextRun(torch.stack(argmax), torch.stack(target_lp), stack(fp32_top), stack(eager_top),
+                    stack(eager_gap), finite)
 
 
-def _quality(text_name: str, runtime_logprobs: torch.Tensor, fp32: TokenStats, targets: torch.Tensor) -> dict:
-    target_lp = runtime_logprobs.float().gather(-1, targets.view(-1, 1)).squeeze(-1)
-    perplexity = math.exp(-target_lp.mean().item())
+def _quality(text_name: str, run: _TextRun, fp32: TokenStats) -> dict:
+    perplexity = math.exp(-run.target_lp.mean().item())
     fp32_perplexity = math.exp(-fp32.target_logprobs.mean().item())
     return {
         "text": text_name,
-        "tokens": int(targets.numel()),
+        "tokens": int(run.target_lp.numel()),
         "perplexity": perplexity,
         "fp32_perplexity": fp32_perplexity,
         "ratio": perplexity / fp32_perplexity,
-        "top1": (runtime_logprobs.argmax(-1) == fp32.argmax).float().mean().item(),
-        "kl": mean_kl(fp32, runtime_logprobs.float()),
+        "top1": (run.argmax == fp32.argmax).float().mean().item(),
+        "kl": float(kl_rows(fp32, run.fp32_top).mean()),
     }
 
 
@@ -348,35 +379,36 @@ def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_j
     try:
         pte = PteModel(pte_path)
         prompt_rows = torch.stack(list(_pte_rows(pte, seq.prompt_tokens, seq.prompt_len, seq.prompt_tokens.shape[1])))
-        text_logprobs = _runtime_text(pte, seq.windows)
+        text = _runtime_text(pte, seq.windows, reference.fp32_text, expected.text)
         del pte  # the runner below loads its own copy of the program
     except Exception as error:  # a corrupt file fails in many ways; all mean "broken"
         return result(False, f"runtime error: {str(error).splitlines()[0][:200] if str(error) else type(error).__name__}")
-    if not torch.isfinite(prompt_rows).all() or not torch.isfinite(text_logprobs.float()).all():
+    if not torch.isfinite(prompt_rows).all() or (text is not None and not text.finite):
         return result(False, "the runtime produced non-finite logits")
 
     prompt_logprobs = torch.log_softmax(prompt_rows.float(), -1)
     eager_prompt = TokenStats.of(eager)
-    all_logprobs = [prompt_logprobs]
-    references = [eager_prompt]
-    if expected.text is not None and text_logprobs.numel():
-        all_logprobs.append(text_logprobs[: expected.text.top_ids.shape[0]].float())
-        references.append(expected.text)
-    candidate = torch.cat(all_logprobs)
-    target = TokenStats.concat([TokenStats(r.top_ids, r.top_logprobs, torch.empty(0)) for r in references])
+    kl = [kl_rows(eager_prompt, prompt_logprobs.gather(-1, eager_prompt.top_ids))]
+    agree = [prompt_logprobs.argmax(-1) == eager_prompt.argmax]
+    gaps = [prompt_logprobs.max(-1).values - prompt_logprobs.gather(-1, eager_prompt.argmax.view(-1, 1)).squeeze(-1)]
+    if text is not None and text.eager_top is not None:
+        judged = text.eager_top.shape[0]
+        kl.append(kl_rows(TokenStats(expected.text.top_ids[:judged], expected.text.top_logprobs[:judged], torch.empty(0)),
+                          text.eager_top))
+        agree.append(text.argmax[:judged] == expected.text.argmax[:judged])
+        gaps.append(text.eager_gap)
+    kl_all, gap_all = torch.cat(kl), torch.cat(gaps)
     figures.update(
-        positions=candidate.shape[0],
-        mean_kl_vs_eager=mean_kl(target, candidate),
-        top1_agreement=(candidate.argmax(-1) == target.argmax).float().mean().item(),
-        top1_within_ties=top1_within_ties(target, candidate, TIE_NATS[kind]),
+        positions=kl_all.shape[0],
+        mean_kl_vs_eager=float(kl_all.mean()),
+        top1_agreement=torch.cat(agree).float().mean().item(),
+        top1_within_ties=(gap_all <= TIE_NATS[kind]).float().mean().item(),
         max_abs_diff=(prompt_rows - eager).abs().max().item(),
         relative_l2=_relative_l2(prompt_rows, eager),
     )
     quality = None
-    if reference.fp32_text is not None and text_logprobs.numel():
-        targets = torch.cat([w[0, 1:] for w in seq.windows])
-        quality = _quality(seq.text_name, text_logprobs, reference.fp32_text, targets)
-    del candidate, text_logprobs
+    if reference.fp32_text is not None and text is not None:
+        quality = _quality(seq.text_name, text, reference.fp32_text)
 
     kl, top1 = figures["mean_kl_vs_eager"], figures["top1_within_ties"]
     if kl > limits["max_kl"]:
