@@ -226,7 +226,7 @@ def _figure(value: Any, spec: str = ".3g") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def _quality_cell(quality: Any) -> str:
+def quality_cell(quality: Any) -> str:
     """``35.3 (1.71x fp32)``: the variant's perplexity on the evaluation text and its ratio to fp32's."""
     if not isinstance(quality, Mapping) or not all(
         isinstance(quality.get(k), (int, float)) for k in ("perplexity", "ratio")
@@ -234,8 +234,6 @@ def _quality_cell(quality: Any) -> str:
         return "n/a"
     return f"{quality['perplexity']:.1f} ({quality['ratio']:.2f}x fp32)"
 
-
-quality_cell = _quality_cell  # public name for the CLI and the Space
 
 
 def _quality_text(variants: list[Variant]) -> dict[str, Any] | None:
@@ -264,7 +262,7 @@ def _variant_view(variant: Variant) -> dict[str, Any]:
         "skipped": skipped,
         "kl": "n/a" if skipped else _figure(check.get("mean_kl_vs_eager"), ".2g"),
         "top1": "n/a" if skipped else _figure(check.get("top1_agreement"), ".0%"),
-        "quality": _quality_cell(check.get("quality")),
+        "quality": quality_cell(check.get("quality")),
         "quality_top1": _figure((check.get("quality") or {}).get("top1"), ".0%"),
         "prefill_tps": _figure(check.get("runner_prefill_tokens_per_s"), ".0f"),
         "decode_tps": _figure(check.get("runner_decode_tokens_per_s"), ".0f"),

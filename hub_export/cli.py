@@ -330,7 +330,7 @@ def ls_command(
     token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
 ):
     """List the variants of a published repo: size, context, verification, speed."""
-    from .card import quality_cell as _quality_cell
+    from .card import quality_cell
     from .publish import list_variants
 
     manifest = list_variants(repo_id, endpoint=endpoint, token=token, revision=revision)
@@ -348,7 +348,7 @@ def ls_command(
             v.file,
             human_size(v.total_bytes),
             str(v.max_seq_len),
-            escape(_quality_cell(check.get("quality"))),
+            escape(quality_cell(check.get("quality"))),
             escape(_verified_text(check).removesuffix(" vs eager")),
             f"{speed:.0f}" if _is_number(speed) and speed > 0 else "-",
         )

@@ -129,15 +129,6 @@ class Reference:
     fp32_prompt_logits: torch.Tensor  # [positions, vocab]
     fp32_text: TokenStats | None
 
-    # Kept for callers that read these directly.
-    @property
-    def tokens(self) -> torch.Tensor:
-        return self.sequences.prompt_tokens
-
-    @property
-    def prompt_len(self) -> int:
-        return self.sequences.prompt_len
-
 
 @dataclass
 class Expected:

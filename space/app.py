@@ -39,8 +39,8 @@ import gradio as gr
 import pandas as pd
 
 from hub_export import publish
-# _quality_cell: the model card's own cell, so the Space's table and the card never disagree.
-from hub_export.card import _quality_cell, human_size
+# quality_cell: the model card's own cell, so the Space's table and the card never disagree.
+from hub_export.card import human_size, quality_cell
 from hub_export.errors import HubError, HubExportError, InputError
 from hub_export.generate import GenerationResult, Sampling, generate
 from hub_export.manifest import Manifest, Variant, describe_quality, describe_verification
@@ -377,7 +377,7 @@ def variant_rows(manifest: Manifest, this_job: list[str]) -> list[list[Any]]:
                 f"{variant.max_seq_len} tokens",
                 verified,
                 describe_verification(check),
-                _quality_cell(check.get("quality")),
+                quality_cell(check.get("quality")),
                 _figure(check.get("runner_prefill_tokens_per_s"), ".0f"),
                 _figure(check.get("runner_decode_tokens_per_s"), ".0f"),
             ]
