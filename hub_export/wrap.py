@@ -22,6 +22,8 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
+from .patches import delegable_norms, delegable_rotary, forget_compiled_globals
+
 ATTENTION_NAME = "hub_export_custom_sdpa"
 
 _state = threading.local()
@@ -217,42 +219,6 @@ class ExportableDecoder(nn.Module):
 
 # RMSNorm classes that compute ``weight * x * rsqrt(mean(x^2) + eps)`` in fp32, the
 # Llama formula. Gemma's ``(1 + weight)`` variant is deliberately absent.
-LLAMA_STYLE_RMSNORMS = frozenset(
-    f"{prefix}RMSNorm"
-    for prefix in ("Llama", "Qwen2", "Qwen3", "Mistral", "Phi3", "SmolLM3", "Olmo2", "Granite", "Starcoder2")
-)
-
-
-def _rmsnorm_4d(self, hidden_states: torch.Tensor) -> torch.Tensor:
-    # XNNPACK only delegates mean over the two innermost dims of a 4D tensor; a norm it
-    # cannot take splits every layer into several delegates with runtime hops between.
-    input_dtype = hidden_states.dtype
-    shape = hidden_states.shape
-    x = hidden_states.to(torch.float32).reshape(1, -1, 1, shape[-1])
-    variance = x.pow(2).mean(dim=(-2, -1), keepdim=True)
-    x = x * torch.rsqrt(variance + self.variance_epsilon)
-    return self.weight * x.reshape(shape).to(input_dtype)
-
-
-@contextlib.contextmanager
-def delegable_norms(model: nn.Module):
-    """Temporarily route Llama-style RMSNorms through an XNNPACK-friendly formulation.
-
-    Same arithmetic, different shapes; scoped to the export so the eager model used as
-    the verification reference keeps its own code.
-    """
-    patched = []
-    for module in model.modules():
-        if type(module).__name__ in LLAMA_STYLE_RMSNORMS and hasattr(module, "variance_epsilon"):
-            module.forward = _rmsnorm_4d.__get__(module)
-            patched.append(module)
-    try:
-        yield len(patched)
-    finally:
-        for module in patched:
-            del module.forward
-
-
 def rotary_dims(config, head_dim: int) -> set[int]:
     """Widths ``rotate_half`` may see: the head, or its rotary part (partial rotary)."""
     rope = getattr(config, "rope_parameters", None) or {}
@@ -275,37 +241,6 @@ def rotate_half_weight(dim: int) -> torch.Tensor:
     return weight
 
 
-@contextlib.contextmanager
-def delegable_rotary(wrapped: "ExportableDecoder"):
-    """Temporarily swap ``rotate_half`` in the model's modeling module (export only).
-
-    XNNPACK does not delegate slices of dynamically shaped tensors, so the stock
-    slice-and-concat splits every layer's delegate. A product with a signed permutation
-    is exact (one non-zero term per output) and stays inside XNNPACK. The weight is a
-    buffer of the wrapper so that export sees a static parameter.
-    """
-    import sys
-
-    module = sys.modules.get(type(wrapped.model).__module__)
-    original = getattr(module, "rotate_half", None)
-    if original is None:
-        yield False
-        return
-
-    def rotate_half(x: torch.Tensor) -> torch.Tensor:
-        weight = getattr(wrapped, f"rotate_half_weight_{x.shape[-1]}", None)
-        if weight is None:  # a rotary width we did not foresee: keep the stock code
-            return original(x)
-        flat = x.contiguous().view(-1, x.shape[-1])
-        return torch.nn.functional.linear(flat, weight).view(x.shape)
-
-    module.rotate_half = rotate_half
-    try:
-        yield True
-    finally:
-        module.rotate_half = original
-
-
 def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
     """``torch.export`` the wrapper with a dynamic sequence length (parallel prefill).
 
@@ -324,27 +259,3 @@ def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
     return program
 
 
-@contextlib.contextmanager
-def forget_compiled_globals():
-    """Remove the ``__compiled_fn_*`` globals strict export leaves behind.
-
-    Dynamo installs each traced graph as a global of the module whose frame it traced
-    (``torch._dynamo.functional_export``) and never removes it; the graph holds the
-    model's (quantized) weights as constants, so in a multi-variant run every variant
-    stayed resident (found with ``gc.get_referrers``).
-    """
-    try:
-        from torch._dynamo import functional_export as traced_module
-    except ImportError:  # another torch layout: nothing known to clean
-        yield
-        return
-
-    def compiled() -> set[str]:
-        return {name for name in vars(traced_module) if name.startswith("__compiled_fn_")}
-
-    before = compiled()
-    try:
-        yield
-    finally:
-        for name in compiled() - before:
-            delattr(traced_module, name)

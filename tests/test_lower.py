@@ -20,7 +20,7 @@ def test_compact_dependency_viewer_matches_the_partitioners_own():
     from executorch.exir.backend.canonical_partitioners.group_partitioner import _DependencyViewer as ExecuTorchViewer
     from torch.fx.passes.infra.partitioner import _DependencyViewer as TorchViewer
 
-    from hub_export.lower import CompactDependencyViewer
+    from hub_export.patches import CompactDependencyViewer
 
     model = nn.Sequential(*[_Residual() for _ in range(4)])
     graph_module = torch.export.export(model, (torch.randn(2, 8),)).graph_module
@@ -40,7 +40,7 @@ def test_compact_viewers_are_installed_only_while_lowering():
     import executorch.exir.backend.canonical_partitioners.group_partitioner as group_partitioner
     import torch.fx.passes.infra.partitioner as fx_partitioner
 
-    from hub_export.lower import CompactDependencyViewer, compact_dependency_viewers
+    from hub_export.patches import CompactDependencyViewer, compact_dependency_viewers
 
     originals = fx_partitioner._DependencyViewer, group_partitioner._DependencyViewer
     with compact_dependency_viewers():
@@ -51,7 +51,7 @@ def test_compact_viewers_are_installed_only_while_lowering():
 
 def _lowered_bytes(model_dir, tmp_path, name: str) -> bytes:
     from hub_export import lower, quantize
-    from hub_export.export import load_model
+    from hub_export.build import load_model
     from hub_export.wrap import ExportableDecoder, export_program
 
     model = load_model(model_dir, trust_remote_code=False)
@@ -80,7 +80,8 @@ def test_passes_run_when_their_ops_are_present(monkeypatch):
     from executorch.backends.xnnpack._passes.fuse_activation_pass import FuseActivationPass
     from executorch.exir import to_edge_transform_and_lower
 
-    from hub_export.lower import partitioner, skipping_idle_xnnpack_passes
+    from hub_export.lower import partitioner
+    from hub_export.patches import skipping_idle_xnnpack_passes
 
     ran = []
     for pass_type in (FuseActivationPass, DecomposeConcatenate):
@@ -99,3 +100,21 @@ def test_passes_run_when_their_ops_are_present(monkeypatch):
         to_edge_transform_and_lower(program, partitioner=[partitioner()])
     assert "FuseActivationPass" in ran and "DecomposeConcatenate" not in ran
     assert XNNPACKPassManager.transform is stock  # only while lowering
+
+
+def test_a_patch_for_other_versions_is_left_out_and_said_once(monkeypatch, caplog):
+    """After an upgrade the export must still work without the workaround, and tell the user once."""
+    import executorch.exir.backend.canonical_partitioners.group_partitioner as group_partitioner
+
+    from hub_export import patches
+
+    stock = group_partitioner._DependencyViewer
+    monkeypatch.setattr(patches, "_version", lambda package: "9.9.9")
+    monkeypatch.setattr(patches, "_announced", set())
+    with caplog.at_level("WARNING", logger="hub_export.patches"):
+        for _ in range(2):
+            with patches.compact_dependency_viewers():
+                assert group_partitioner._DependencyViewer is stock  # not patched
+    warnings = [r.getMessage() for r in caplog.records if r.name == "hub_export.patches"]
+    assert len(warnings) == 1
+    assert "dependency-viewers" in warnings[0] and "9.9.9" in warnings[0] and "800 MB" in warnings[0]
