@@ -57,7 +57,7 @@ def main() -> None:
 
     from hub_export import quantize, verify, wrap
     from hub_export.demo import packaged_smollm2
-    from hub_export.export import load_model, token_ids
+    from hub_export.build import load_model, token_ids
     from hub_export.gguf_source import converted_folder
     from hub_export.quiet import quiet_libraries, quiet_torch
 

@@ -25,8 +25,9 @@ from .errors import ExportError, HubError, HubExportError, InputError, SourceErr
 # `hub_export.export` the module is loaded. These modules import torch lazily.
 from .archs import FAMILIES
 from .card import render_card
-from .export import ExportOptions, export, read_manifest
-from .generate import GenerationResult, Sampling, generate
+from .export import export, read_manifest
+from .options import ExportOptions
+from .generate import GenerationResponse, GenerationResult, Sampling, generate, stream_generate
 from .manifest import Manifest, Variant
 from .publish import list_variants, pull, push
 from .quantize import QMODES
@@ -40,6 +41,8 @@ __all__ = [
     "Manifest",
     "Variant",
     "generate",
+    "stream_generate",
+    "GenerationResponse",
     "Sampling",
     "GenerationResult",
     "push",

@@ -2,12 +2,15 @@
 
 from __future__ import annotations
 
+import functools
+import inspect
 import os
 import sys
 import time
+import typing
 from contextlib import contextmanager
 from pathlib import Path
-from typing import List, Optional
+from typing import Any, Callable, List, Optional
 
 import typer
 from rich.console import Console
@@ -16,6 +19,7 @@ from rich.table import Table
 
 from .card import human_size
 from .errors import HubExportError
+from .options import ExportOptions, option_fields
 from .quiet import quiet_libraries, quiet_torch
 
 app = typer.Typer(
@@ -59,20 +63,52 @@ def verification_summary(check: dict) -> str:
     return f"ok: {describe_verification(check)}" + (f"; {quality}" if quality else "")
 
 
-SHARE_HELP = (
-    "Store a tied embedding table once: each variant becomes a .pte plus a .ptd data file "
-    "(needs --qembedding 8w; qmodes 8da4w, 8da8w, 8w)."
-)
-JOBS_HELP = "Variants to build at once, each in its own process (default: as many as cores and memory allow)."
-GGUF_HELP = "Read the weights from this .gguf file in the repo or folder (dequantized; tokenizer from its metadata)."
-QUALITY_HELP = "Tokens of English text each variant is scored on (perplexity, top-1, KL vs fp32); 0: off."
-BASE_MODEL_HELP = (
-    "Hub id (ORG/NAME) of the model a local or GGUF source is a copy of: the card links it, sets base_model "
-    "and inherits its license and language."
-)
-LICENSE_HELP = "License id for the card (e.g. apache-2.0), over the one inherited from the source's card."
-MODEL_NAME_HELP = "The model's name for the card's title (default: --base-model, else the source's id or folder name)."
-QMODE_HELP = "Quantization of linear layers; repeat for several variants: fp32, 8da4w, 8da8w (4w, 8w: see docs)."
+def _cli_type(spec) -> Any:
+    """The type typer shows for an option field: repeated options are lists, optional ones Optional."""
+    hint = typing.get_type_hints(ExportOptions)[spec.name]
+    if typing.get_origin(hint) is tuple:
+        return List[typing.get_args(hint)[0]]
+    return hint
+
+
+def _cli_option(spec) -> Any:
+    default = list(spec.default) if isinstance(spec.default, tuple) else spec.default
+    # Without declared flags typer names the option itself, and a boolean gets its --no- twin.
+    return typer.Option(default, *spec.metadata["flags"], help=spec.metadata["help"],
+                        show_default=spec.metadata["show_default"])
+
+
+def with_export_options(command: str, after: str):
+    """Give a command one CLI option per :class:`~hub_export.options.ExportOptions` field it takes.
+
+    The options go after parameter ``after`` in the help; the command receives them as
+    one validated ``options`` object. Adding a field to ExportOptions adds the flag here.
+    """
+
+    def decorate(function: Callable) -> Callable:
+        own = [p for p in inspect.signature(function).parameters.values() if p.name != "options"]
+        specs = list(option_fields(command))
+        added = [
+            inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=_cli_option(spec),
+                              annotation=_cli_type(spec))
+            for spec in specs
+        ]
+        cut = next(index for index, p in enumerate(own) if p.name == after) + 1
+        parameters = [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[:cut]] + added
+        parameters += [p.replace(kind=inspect.Parameter.KEYWORD_ONLY) for p in own[cut:]]
+        hints = typing.get_type_hints(function)
+
+        @functools.wraps(function)
+        def command_with_options(**values: Any) -> Any:
+            chosen = {spec.name: values.pop(spec.name) for spec in specs}
+            return function(options=ExportOptions(**chosen), **values)
+
+        del command_with_options.__wrapped__  # typer must see the new signature, not the function's
+        command_with_options.__signature__ = inspect.Signature(parameters)
+        command_with_options.__annotations__ = {p.name: hints.get(p.name, p.annotation) for p in parameters}
+        return command_with_options
+
+    return decorate
 
 
 @app.command(
@@ -83,27 +119,14 @@ QMODE_HELP = "Quantization of linear layers; repeat for several variants: fp32, 
         "  hub-export export ./my-finetune -o out --base-model HuggingFaceTB/SmolLM2-135M-Instruct --license apache-2.0"
     )
 )
+@with_export_options("export", after="output")
 def export(
     source: str = typer.Argument(..., help="Hub repo id (org/name) or a local model folder."),
     output: Path = typer.Option(..., "-o", "--output", help="Folder to write the .pte files, tokenizer and manifest to."),
-    qmode: List[str] = typer.Option(["8da4w"], "--qmode", "-q", help=QMODE_HELP),
-    qembedding: Optional[str] = typer.Option(None, help="Quantize the token embedding: 4w or 8w."),
-    group_size: int = typer.Option(32, help="Group size for grouped int4 weights."),
-    max_seq_len: Optional[int] = typer.Option(None, help="KV cache length (prompt + generation). Default: min(model limit, 2048)."),
-    revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the source repo."),
     token: Optional[str] = typer.Option(None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False),
     endpoint: Optional[str] = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)."),
-    trust_remote_code: bool = typer.Option(False, help="Allow models that need custom code from the repo."),
-    allow_pickle: bool = typer.Option(False, help="Allow pickle (*.bin) weights, which can run code when loaded."),
-    verify: bool = typer.Option(True, help="Verify each .pte against the eager model and in TextLLMRunner."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help=JOBS_HELP, show_default=False),
-    share_embeddings: bool = typer.Option(False, "--share-embeddings", help=SHARE_HELP),
-    gguf_file: Optional[str] = typer.Option(None, "--gguf-file", help=GGUF_HELP, show_default=False),
-    quality_tokens: int = typer.Option(2048, "--quality-tokens", help=QUALITY_HELP),
-    base_model: Optional[str] = typer.Option(None, "--base-model", help=BASE_MODEL_HELP, show_default=False),
-    license: Optional[str] = typer.Option(None, "--license", help=LICENSE_HELP, show_default=False),
-    model_name: Optional[str] = typer.Option(None, "--model-name", help=MODEL_NAME_HELP, show_default=False),
     overwrite: bool = typer.Option(False, help="Replace a non-empty output folder."),
+    options: ExportOptions = None,
 ):
     """Export a causal LM to verified ExecuTorch .pte variants (one per --qmode)."""
     quiet_torch()
@@ -111,29 +134,8 @@ def export(
 
     started = time.perf_counter()
     with _stages(f"exporting {source}") as say:
-        manifest = run_export(
-            source,
-            output,
-            qmodes=qmode,
-            qembedding=qembedding,
-            group_size=group_size,
-            max_seq_len=max_seq_len,
-            verify=verify,
-            jobs=jobs,
-            share_embeddings=share_embeddings,
-            gguf_file=gguf_file,
-            quality_tokens=quality_tokens,
-            base_model=base_model,
-            license=license,
-            model_name=model_name,
-            revision=revision,
-            token=token,
-            endpoint=endpoint,
-            trust_remote_code=trust_remote_code,
-            allow_pickle=allow_pickle,
-            overwrite=overwrite,
-            progress=say,
-        )
+        manifest = run_export(source, output, options, token=token, endpoint=endpoint, overwrite=overwrite,
+                              progress=say)
     out.print(variants_table(manifest))
     out.print(f"Wrote {len(manifest.variants)} variant(s) to {output}/ in {time.perf_counter() - started:.0f} s")
 
@@ -244,23 +246,12 @@ def _files_table(result) -> Table:
         "--revision is the source revision to export; --branch is the target branch."
     ),
 )
+@with_export_options("push", after="output")
 def push_command(
     source: Optional[str] = typer.Argument(None, help="Hub repo id or local model folder to export (omit with --from)."),
     repo_id: Optional[str] = typer.Argument(None, help="Target repo (default: YOU/SOURCE-NAME-ExecuTorch)."),
     from_dir: Optional[Path] = typer.Option(None, "--from", help="Push this export folder instead of exporting."),
     output: Optional[Path] = typer.Option(None, "-o", "--output", help="Keep the export in this folder (default: a temp folder)."),
-    qmode: List[str] = typer.Option(["8da4w"], "--qmode", "-q", help=QMODE_HELP),
-    qembedding: Optional[str] = typer.Option(None, help="Quantize the token embedding: 4w or 8w."),
-    group_size: Optional[int] = typer.Option(None, help="Group size for grouped int4 weights (default 32)."),
-    max_seq_len: Optional[int] = typer.Option(None, help="KV cache length (prompt + generation)."),
-    jobs: Optional[int] = typer.Option(None, "--jobs", "-j", help=JOBS_HELP, show_default=False),
-    share_embeddings: bool = typer.Option(False, "--share-embeddings", help=SHARE_HELP),
-    gguf_file: Optional[str] = typer.Option(None, "--gguf-file", help=GGUF_HELP, show_default=False),
-    quality_tokens: int = typer.Option(2048, "--quality-tokens", help=QUALITY_HELP),
-    base_model: Optional[str] = typer.Option(None, "--base-model", help=BASE_MODEL_HELP, show_default=False),
-    license: Optional[str] = typer.Option(None, "--license", help=LICENSE_HELP, show_default=False),
-    model_name: Optional[str] = typer.Option(None, "--model-name", help=MODEL_NAME_HELP, show_default=False),
-    revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the SOURCE repo to export."),
     branch: Optional[str] = typer.Option(None, help="Target branch to push to (created from main if missing)."),
     private: bool = typer.Option(False, help="Create the repo private (new repos only)."),
     create_pr: bool = typer.Option(False, help="Open a pull request instead of committing to the branch."),
@@ -269,10 +260,9 @@ def push_command(
     template: Optional[Path] = typer.Option(None, help="Jinja2 template for the model card body."),
     source_card: Optional[Path] = typer.Option(None, help="README.md of the source (license/language to inherit)."),
     force: bool = typer.Option(False, "--force", help="Rebuild even if the repo holds these variants built the same way."),
-    trust_remote_code: bool = typer.Option(False, help="Allow models that need custom code from the repo."),
-    allow_pickle: bool = typer.Option(False, help="Allow pickle (*.bin) weights, which can run code when loaded."),
     endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
     token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    options: ExportOptions = None,
 ):
     """Export (or take --from an export folder), write the model card and publish it all in one commit."""
     from .publish import push
@@ -285,22 +275,9 @@ def push_command(
         result = push(
             source,
             repo_id,
+            options,
             from_dir=from_dir,
             output_dir=output,
-            qmodes=qmode,
-            qembedding=qembedding,
-            group_size=group_size,
-            max_seq_len=max_seq_len,
-            jobs=jobs,
-            share_embeddings=share_embeddings,
-            gguf_file=gguf_file,
-            quality_tokens=quality_tokens,
-            base_model=base_model,
-            license=license,
-            model_name=model_name,
-            revision=revision,
-            trust_remote_code=trust_remote_code,
-            allow_pickle=allow_pickle,
             branch=branch,
             private=private,
             create_pr=create_pr,
@@ -408,10 +385,30 @@ def card_command(
     out.print(f"Wrote {path}")
 
 
-def _mount_subcommands() -> None:
-    from .localhub.cli import app as hub_app
+HUB_EXTRA_MISSING = "the local Hub server is an optional part: pip install 'hub-export[hub]' (fastapi, uvicorn)"
 
-    app.add_typer(hub_app, name="hub", help="Run and administer the local Hub-compatible server.")
+
+def mount_hub(target: typer.Typer) -> None:
+    """Add ``hub``: the local Hub server's commands, or, without the extra, one that says how to install them."""
+    try:
+        from .localhub.cli import app as server_app
+    except ImportError as error:
+        if (error.name or "").split(".")[0] not in ("fastapi", "uvicorn", "starlette"):
+            raise
+
+        @target.command("hub", help=f"Run the local Hub server: {HUB_EXTRA_MISSING}.",
+                        context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+        def needs_the_extra(context: typer.Context) -> None:
+            from .errors import InputError
+
+            raise InputError(HUB_EXTRA_MISSING)
+
+        return
+    target.add_typer(server_app, name="hub", help="Run and administer the local Hub-compatible server (the hub extra).")
+
+
+def _mount_subcommands() -> None:
+    mount_hub(app)
 
 
 def _first_line(error: BaseException) -> str:

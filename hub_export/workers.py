@@ -26,11 +26,11 @@ from dataclasses import dataclass
 from pathlib import Path
 from typing import TYPE_CHECKING, Callable
 
-from .errors import ExportError, HubExportError
+from .errors import ExportError, HubExportError, opt
+from .options import ExportOptions
 from .quiet import quiet_libraries, quiet_torch
 
 if TYPE_CHECKING:
-    from .export import ExportOptions
     from .manifest import Variant
     from .source import Source
     from .verify import Reference
@@ -51,11 +51,10 @@ class VariantJob:
     index: int
     qmode: str
     src: "Source"
-    options: "ExportOptions"
+    options: ExportOptions
     max_seq_len: int
     workdir: Path
     reference: "Reference | None"
-    trust_remote_code: bool
     threads: int
     quiet: bool
 
@@ -121,17 +120,18 @@ def _work(job: VariantJob, messages) -> None:
 
         import torch
 
-        from .export import _export_variant, _Run, load_model, map_large_allocations
+        from .build import RunState, build_variant, load_model
+        from .patches import map_large_allocations
 
         torch.set_num_threads(job.threads)
         map_large_allocations()
-        model = load_model(job.src.path, job.trust_remote_code)
-        run = _Run(
+        model = load_model(job.src.path, job.options.trust_remote_code)
+        run = RunState(
             model, job.src, job.options, job.max_seq_len, job.workdir, job.reference,
             say=lambda message: messages.put(("say", job.index, message)),
         )
         del model
-        messages.put(("done", job.index, _export_variant(run, job.qmode, last=True)))
+        messages.put(("done", job.index, build_variant(run, job.qmode, last=True)))
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
         messages.put(("error", job.index, _portable(exc)))
 
@@ -200,5 +200,5 @@ def _check_alive(running: dict, jobs: list[VariantJob], silent: dict[int, float]
             qmode = next(job.qmode for job in jobs if job.index == index)
             raise ExportError(
                 f"the worker exporting {qmode} exited with code {process.exitcode} without a result "
-                "(out of memory?); rerun with --jobs 1 to export one variant at a time"
+                f"(out of memory?); rerun with {opt('jobs')} 1 to export one variant at a time"
             )

@@ -291,6 +291,7 @@ def test_a_declared_license_drops_the_inherited_license_name_and_link(tmp_path: 
 def test_declarations_are_checked_before_anything_runs() -> None:
     from hub_export.card import declared_source
     from hub_export.export import _declared_source, export
+    from hub_export.options import ExportOptions
 
     assert declared_source("acme/Base", " Apache-2.0 ", "  Tiny   Chat ") == {
         "base_model": "acme/Base", "license": "apache-2.0", "model_name": "Tiny Chat",
@@ -310,7 +311,8 @@ def test_declarations_are_checked_before_anything_runs() -> None:
     assert isinstance(cli.exception, InputError) and "drop --base-model" in str(cli.exception)
     cli = CliRunner().invoke(app, ["export", ".", "-o", "unused-out", "--license", "Apache License"])
     assert isinstance(cli.exception, InputError) and "--license" in str(cli.exception)
-    assert _declared_source("acme/Tiny-GGUF", "tiny.Q4_0.gguf", "acme/Tiny", None, None) == {"base_model": "acme/Tiny"}
+    gguf = ExportOptions(gguf_file="tiny.Q4_0.gguf", base_model="acme/Tiny")
+    assert _declared_source("acme/Tiny-GGUF", gguf) == {"base_model": "acme/Tiny"}
 
 
 def test_manifest_schema_takes_declarations_as_text_only() -> None:

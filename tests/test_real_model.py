@@ -116,7 +116,7 @@ def test_verification_fails_a_file_that_computes_something_else(real_export):
     swapped layers differs from the file.
     """
     from hub_export import quantize
-    from hub_export.export import load_model, token_ids
+    from hub_export.build import load_model, token_ids
     from hub_export.gguf_source import cache_root
     from hub_export.verify import build_reference, expected_logits, verify
 

@@ -1,0 +1,181 @@
+"""Build one variant: quantize -> torch.export -> lower -> verify, from the run's fp32 model.
+
+The in-process path (:mod:`hub_export.export`) and the worker processes
+(:mod:`hub_export.workers`) both build variants with :func:`build_variant`, so a file
+built either way is byte-identical.
+"""
+
+from __future__ import annotations
+
+import copy
+import time
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import TYPE_CHECKING, Callable
+
+from . import quantize, source as source_stage
+from .errors import VerificationError
+from .manifest import Variant, sha256_file
+from .options import variant_filename
+from .patches import release_memory
+
+if TYPE_CHECKING:
+    import torch
+
+    from .options import ExportOptions
+    from .verify import Reference
+
+Progress = Callable[[str], None]
+
+
+def _text_config(config):
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def token_ids(model) -> tuple[int | None, list[int]]:
+    """BOS id and the union of EOS ids from the generation config and the model config."""
+    gen = getattr(model, "generation_config", None)
+    text = _text_config(model.config)
+    bos = getattr(gen, "bos_token_id", None)
+    bos = bos if bos is not None else getattr(text, "bos_token_id", None)
+    eos: list[int] = []
+    for value in (getattr(gen, "eos_token_id", None), getattr(text, "eos_token_id", None)):
+        eos += [i for i in _ids(value) if i not in eos]
+    return (bos[0] if isinstance(bos, list) else bos), eos
+
+
+def load_model(path: Path, trust_remote_code: bool):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=torch.float32, trust_remote_code=trust_remote_code, low_cpu_mem_usage=True
+    )
+    return model.eval()
+
+
+def weight_sharing_copy(model: "torch.nn.Module") -> "torch.nn.Module":
+    """A copy of ``model`` whose modules are new but whose parameters are shared.
+
+    Quantization *replaces* parameters on the copy's modules (it never writes into
+    them), so the original keeps its fp32 weights for the next variant without the
+    memory of a second fp32 model.
+    """
+    memo = {id(p): p for p in model.parameters()}
+    return copy.deepcopy(model, memo)
+
+
+def shared_fraction(model: "torch.nn.Module", original: "torch.nn.Module") -> float:
+    """Share of ``original``'s parameter bytes that ``model`` still uses."""
+    ours = {id(p) for p in model.parameters()}
+    sizes = [(p.numel() * p.element_size(), id(p) in ours) for p in original.parameters()]
+    total = sum(size for size, _ in sizes) or 1
+    return sum(size for size, shared in sizes if shared) / total
+
+
+def detach_from(model: "torch.nn.Module", original: "torch.nn.Module") -> None:
+    """Give ``model`` its own copy of every parameter it still shares with ``original``."""
+    import torch
+
+    shared = {id(p) for p in original.parameters()}
+    for module in model.modules():
+        for name, param in list(module._parameters.items()):
+            if param is not None and id(param) in shared:
+                module._parameters[name] = torch.nn.Parameter(param.detach().clone(), requires_grad=False)
+
+
+def _kind(qmode: str) -> str:
+    if qmode == "fp32":
+        return "fp32"
+    return "dynamic" if qmode.startswith("8da") else "weight_only"
+
+
+@dataclass
+class RunState:
+    """State shared by the variants of one export run."""
+
+    model: "torch.nn.Module | None"
+    src: source_stage.Source
+    options: "ExportOptions"
+    max_seq_len: int
+    workdir: Path
+    reference: "Reference | None"
+    say: Progress
+    variants: list[Variant] = field(default_factory=list)
+
+
+def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
+    """Quantize, export, lower and verify one variant of ``run`` into its staging folder.
+
+    ``last``: no later variant of this process needs the fp32 weights, so they are
+    released as soon as this one no longer shares them.
+    """
+    from .lower import is_dynamic, runner_metadata, to_pte
+    from .verify import expected_logits, verify
+    from .wrap import ExportableDecoder, export_program
+
+    opts = run.options
+    name = variant_filename(qmode, opts.qembedding)
+    started = time.perf_counter()
+    run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})")
+    model = weight_sharing_copy(run.model)
+    fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings)
+    expected = expected_logits(model, run.reference) if run.reference is not None else None
+    if last and shared_fraction(model, run.model) < 0.1:
+        # No later variant needs the fp32 weights: free them before lowering. The
+        # few still shared (norms) are copied first, since they keep the memory map of
+        # the whole checkpoint alive. (An fp32 variant shares nearly everything: there
+        # a copy would only add memory.)
+        detach_from(model, run.model)
+        run.model = None
+    release_memory()
+    run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})")
+    program = export_program(ExportableDecoder(model, run.max_seq_len))
+    bos, eos = token_ids(model)
+    metadata = runner_metadata(
+        max_seq_len=run.max_seq_len,
+        bos_id=bos,
+        eos_ids=eos,
+        vocab_size=_text_config(model.config).vocab_size,
+        dynamic_shape=is_dynamic(program),
+    )
+    run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)")
+    path = run.workdir / name
+    data_path = path.with_suffix(".ptd") if opts.share_embeddings else None
+    to_pte(program, metadata, path, data_path)
+    del program, model
+    if last:
+        run.model = None
+    release_memory()
+    seconds = time.perf_counter() - started
+
+    verification: dict = {"skipped": True}
+    if expected is not None:
+        run.say(f"[{name}] verifying against eager and in TextLLMRunner")
+        result = verify(path, expected, run.reference, run.src.path / "tokenizer.json", _kind(qmode))
+        verification = result.to_dict()
+        if not result.passed:
+            raise VerificationError(f"{name} failed verification: {result.failure}")
+    grouped = quantize.QMODES[qmode].grouped
+    return Variant(
+        file=name,
+        qmode=qmode,
+        qembedding=opts.qembedding,
+        group_size=opts.group_size if grouped else None,
+        max_seq_len=run.max_seq_len,
+        size_bytes=path.stat().st_size,
+        sha256=sha256_file(path),
+        metadata=metadata,
+        verification=verification,
+        export_seconds=round(seconds, 2),
+        per_channel_fallback=fallback,
+        data_file=data_path.name if data_path else None,
+        data_size_bytes=data_path.stat().st_size if data_path else None,
+        data_sha256=sha256_file(data_path) if data_path else None,
+    )

@@ -1,0 +1,201 @@
+"""What to build: one frozen, validated options object for every front end.
+
+:class:`ExportOptions` is the only place an export option is declared. Its fields carry
+their flag names and help text: the CLI's ``export`` and ``push`` commands, the Space's
+form and the reproduce command in every manifest are built from them, and the object
+itself travels unchanged from the front end through :func:`hub_export.export` down to
+the worker processes. Adding an option means adding a field here and using it where it
+matters.
+
+Example:
+    >>> from hub_export import ExportOptions
+    >>> options = ExportOptions(qmodes=("8da4w", "fp32"), qembedding="8w", max_seq_len=256)
+    >>> options.variant_files()
+    ['model-8da4w-emb8w.pte', 'model-fp32-emb8w.pte']
+    >>> ExportOptions(qmodes=("9w",))
+    Traceback (most recent call last):
+    hub_export.errors.InputError: unknown --qmode '9w'; choose from fp32, 8da4w, 8da8w, 4w, 8w
+"""
+
+from __future__ import annotations
+
+import dataclasses
+import shlex
+from dataclasses import dataclass, field
+from typing import Any, Iterator
+
+from . import quantize
+from .errors import InputError, opt
+
+DEFAULT_QUALITY_TOKENS = 2048  # hub_export.verify.DEFAULT_QUALITY_TOKENS, without importing torch here
+EXPORT_AND_PUSH = ("export", "push")
+SOURCE_OPTIONS = ("base_model", "license", "model_name", "revision", "gguf_file")
+
+
+def _option(default: Any, *flags: str, help: str, commands: tuple[str, ...] = EXPORT_AND_PUSH,
+            reproduce: bool = True, show_default: bool = True) -> Any:
+    """A field of :class:`ExportOptions` with what a front end needs to offer it.
+
+    ``flags``: the CLI's names (default: ``--field-name``); ``commands``: the CLI
+    commands that take it; ``reproduce``: whether it belongs in the command that
+    reproduces an export's files (``--jobs`` changes only how fast they are built).
+    """
+    metadata = {"flags": flags, "help": help, "commands": commands, "reproduce": reproduce,
+                "show_default": show_default}
+    return field(default=default, metadata=metadata)
+
+
+def _qmode_help() -> str:
+    described = "; ".join(f"{mode.name}: {mode.description}" for mode in quantize.QMODES.values())
+    return f"Quantization of the linear layers, one variant each (repeat for several). {described}."
+
+
+@dataclass(frozen=True)
+class ExportOptions:
+    """Every option of an export, checked when the object is made.
+
+    The CLI flag of each field is ``--field-name`` unless its metadata says otherwise
+    (``qmodes`` is ``--qmode``, repeated). Invalid combinations raise
+    :class:`~hub_export.errors.InputError` naming the flag to change.
+    """
+
+    qmodes: tuple[str, ...] = _option(("8da4w",), "--qmode", "-q", help=_qmode_help())
+    qembedding: str | None = _option(
+        None, help=f"Quantize the token embedding: {' or '.join(quantize.QEMBEDDINGS)} (default: float32).",
+        show_default=False)
+    group_size: int = _option(quantize.DEFAULT_GROUP_SIZE, help="Group size for grouped int4 weights.")
+    max_seq_len: int | None = _option(
+        None, help="KV cache length (prompt + generation). Default: min(model limit, 2048).", show_default=False)
+    verify: bool = _option(True, help="Verify each .pte against the eager model and in TextLLMRunner.",
+                           commands=("export",), reproduce=False)
+    jobs: int | None = _option(
+        None, "--jobs", "-j", reproduce=False, show_default=False,
+        help="Variants to build at once, each in its own process (default: as many as cores and memory allow).")
+    share_embeddings: bool = _option(
+        False, "--share-embeddings",
+        help="Store a tied embedding table once: each variant becomes a .pte plus a .ptd data file (needs "
+             f"--qembedding 8w; qmodes {', '.join(quantize.SHAREABLE_QMODES)}).")
+    quality_tokens: int = _option(
+        DEFAULT_QUALITY_TOKENS, "--quality-tokens",
+        help="Tokens of English text each variant is scored on (perplexity, top-1, KL vs fp32); 0: off.")
+    gguf_file: str | None = _option(
+        None, "--gguf-file", show_default=False,
+        help="Read the weights from this .gguf file in the repo or folder (dequantized; tokenizer from its metadata).")
+    base_model: str | None = _option(
+        None, "--base-model", show_default=False,
+        help="Hub id (ORG/NAME) of the model a local or GGUF source is a copy of: the card links it, sets base_model "
+             "and inherits its license and language.")
+    license: str | None = _option(
+        None, "--license", show_default=False,
+        help="License id for the card (e.g. apache-2.0), over the one inherited from the source's card.")
+    model_name: str | None = _option(
+        None, "--model-name", show_default=False,
+        help="The model's name for the card's title (default: --base-model, else the source's id or folder name).")
+    revision: str | None = _option(None, help="Branch, tag or commit of the SOURCE repo to export.",
+                                   show_default=False)
+    trust_remote_code: bool = _option(False, help="Allow models that need custom code from the repo.")
+    allow_pickle: bool = _option(False, help="Allow pickle (*.bin) weights, which can run code when loaded.")
+
+    def __post_init__(self) -> None:
+        # Lists are welcome (the CLI gives one); a tuple keeps the object hashable and frozen.
+        qmodes = (self.qmodes,) if isinstance(self.qmodes, str) else tuple(self.qmodes)
+        object.__setattr__(self, "qmodes", qmodes)
+        self._validate()
+
+    def _validate(self) -> None:
+        if not self.qmodes:
+            raise InputError(f"give at least one {opt('qmodes')}")
+        if self.quality_tokens < 0:
+            raise InputError(f"{opt('quality_tokens')} must be 0 (off) or more (got {self.quality_tokens})", param="quality_tokens")
+        if self.jobs is not None and self.jobs < 1:
+            raise InputError(f"{opt('jobs')} must be at least 1 (got {self.jobs})", param="jobs")
+        if self.share_embeddings:
+            others = [mode for mode in self.qmodes if mode not in quantize.SHAREABLE_QMODES]
+            if self.qembedding != "8w" or others:
+                raise InputError(
+                    f"{opt('share_embeddings')} needs {opt('qembedding')} 8w and qmodes among "
+                    f"{', '.join(quantize.SHAREABLE_QMODES)} (the output projection must be 8-bit per row like the "
+                    f"table){'; drop ' + ', '.join(others) if others else ''}"
+                )
+        quantize.validate(list(self.qmodes), self.qembedding, self.group_size)
+        if self.max_seq_len is not None and self.max_seq_len < 2:
+            raise InputError(f"{opt('max_seq_len')} must be at least 2 (got {self.max_seq_len})", param="max_seq_len")
+
+    def replace(self, **changes: Any) -> "ExportOptions":
+        """A copy with ``changes``, validated again."""
+        return dataclasses.replace(self, **changes)
+
+    def variant_files(self) -> list[str]:
+        """The ``.pte`` file of each variant, in qmode order."""
+        return [variant_filename(qmode, self.qembedding) for qmode in self.qmodes]
+
+    @property
+    def declared(self) -> dict[str, str]:
+        """What the exporter said the model is (``--base-model``, ``--license``, ``--model-name``), as given."""
+        return {key: getattr(self, key) for key in ("base_model", "license", "model_name") if getattr(self, key)}
+
+    def flags(self) -> list[str]:
+        """The CLI arguments that rebuild these options' files (defaults and build-speed options left out)."""
+        arguments: list[str] = []
+        # What the source is comes first, then how it is built; the qmodes are always named.
+        specs = sorted(option_fields(), key=_reproduce_order)
+        for spec in specs:
+            value = getattr(self, spec.name)
+            if spec.name != "qmodes" and (not spec.metadata["reproduce"] or value == spec.default or value is None):
+                continue
+            flag = cli_flags(spec)[0]
+            if isinstance(value, bool):
+                arguments.append(flag if value else f"--no-{flag.removeprefix('--')}")
+            elif isinstance(value, tuple):
+                for item in value:
+                    arguments += [flag, str(item)]
+            else:
+                arguments += [flag, str(value)]
+        return arguments
+
+    def command(self, source: str, verb: str = "export") -> str:
+        """The shell command that reproduces these files from ``source``."""
+        return shlex.join(["hub-export", verb, source, *self.flags()])
+
+
+def options_with(options: ExportOptions | None, values: dict[str, Any]) -> ExportOptions:
+    """``options`` (default: all defaults) with the fields in ``values`` replaced, validated.
+
+    The Python API takes options whole or as keywords; an unknown keyword is a
+    programming mistake and raises :class:`TypeError` naming it.
+    """
+    unknown = sorted(set(values) - {spec.name for spec in dataclasses.fields(ExportOptions)})
+    if unknown:
+        raise TypeError(f"unknown export option(s) {', '.join(unknown)}; see hub_export.ExportOptions")
+    if options is None:
+        return ExportOptions(**values)
+    return options.replace(**values) if values else options
+
+
+def _reproduce_order(spec: dataclasses.Field) -> int:
+    return SOURCE_OPTIONS.index(spec.name) if spec.name in SOURCE_OPTIONS else len(SOURCE_OPTIONS)
+
+
+def option_fields(command: str | None = None) -> Iterator[dataclasses.Field]:
+    """The fields of :class:`ExportOptions`, those the CLI ``command`` takes when given."""
+    for spec in dataclasses.fields(ExportOptions):
+        if command is None or command in spec.metadata["commands"]:
+            yield spec
+
+
+def cli_flags(spec: dataclasses.Field) -> tuple[str, ...]:
+    """The CLI names of an option: declared ones, else ``--field-name``."""
+    return spec.metadata["flags"] or ("--" + spec.name.replace("_", "-"),)
+
+
+def help_text(name: str) -> str:
+    """The help text of option ``name``, for front ends that label a control with it."""
+    return next(spec.metadata["help"] for spec in option_fields() if spec.name == name)
+
+
+def variant_filename(qmode: str, qembedding: str | None) -> str:
+    """The file name of a variant: ``model-{qmode}[-emb{qembedding}].pte``."""
+    return f"model-{qmode}" + (f"-emb{qembedding}" if qembedding else "") + ".pte"
+
+
+__all__ = ["ExportOptions", "options_with", "option_fields", "cli_flags", "help_text", "variant_filename", "DEFAULT_QUALITY_TOKENS"]
