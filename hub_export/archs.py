@@ -8,7 +8,7 @@ from __future__ import annotations
 
 from dataclasses import dataclass
 
-from .errors import InputError
+from .errors import InputError, opt
 
 
 @dataclass(frozen=True)
@@ -78,7 +78,7 @@ def check_rope(config, max_seq_len: int) -> None:
         if kind in LENGTH_DEPENDENT_ROPE and original and max_seq_len > original:
             raise InputError(
                 f"{kind} rope switches its frequencies past {original} positions at run time, which an exported "
-                f"graph cannot reproduce exactly; use --max-seq-len {original} or less"
+                f"graph cannot reproduce exactly; use {opt('max_seq_len')} {original} or less"
             )
 
 

@@ -19,7 +19,7 @@ from typing import Any, Mapping
 
 import yaml
 
-from .errors import InputError
+from .errors import InputError, opt
 from .manifest import Manifest, Variant
 
 CARD_NAME = "README.md"
@@ -102,12 +102,12 @@ def declared_source(
     if license is not None:
         value = license.strip().lower()
         if not LICENSE_ID.fullmatch(value):
-            raise InputError(f"--license {license!r} is not a Hub license id; use one like apache-2.0, mit or other")
+            raise InputError(f"{opt('license')} {license!r} is not a Hub license id; use one like apache-2.0, mit or other", param="license")
         declared["license"] = value
     if model_name is not None:
         name = " ".join(model_name.split())
         if not name or len(name) > 96:
-            raise InputError("--model-name must be a name of 1 to 96 characters on one line")
+            raise InputError(f"{opt('model_name')} must be a name of 1 to 96 characters on one line", param="model_name")
         declared["model_name"] = name
     return declared
 
@@ -122,7 +122,7 @@ def _checked_base_model(repo_id: str) -> str:
     except HFValidationError:
         valid = False
     if not valid:
-        raise InputError(f"--base-model {repo_id!r} is not a Hub model id; use ORG/NAME, e.g. HuggingFaceTB/SmolLM2-135M")
+        raise InputError(f"{opt('base_model')} {repo_id!r} is not a Hub model id; use ORG/NAME, e.g. HuggingFaceTB/SmolLM2-135M", param="base_model")
     return repo_id
 
 
@@ -434,7 +434,7 @@ def render_card(
 
     path = Path(template) if template else None
     if path is not None and not path.is_file():
-        raise InputError(f"template {path.name} not found; pass an existing file to --template")
+        raise InputError(f"template {path.name} not found; pass an existing file to {opt('template')}")
     context = card_context(manifest, source_card_data, endpoint, repo_id, config)
     try:
         body = _environment(path).get_template(path.name if path else DEFAULT_TEMPLATE).render(**context)

@@ -1,20 +1,92 @@
-"""Errors a user can act on.
+"""Errors a user can act on, carried as data.
 
-Every failure the user should see is a :class:`HubExportError` whose message is one
-line that says what went wrong and what to do. The CLI prints that line and exits
-with the error's ``exit_code``; anything else is a bug and is reported as one.
+Every failure the user should see is a :class:`HubExportError`: a ``reason`` (what went
+wrong), a ``hint`` (what to do), and the data a front end needs to word them its own
+way: ``param`` (the option at fault), ``repo_id``, a ``code`` naming the kind of
+advice, and the process ``exit_code``. Options are named in the text with
+:func:`opt`, so that the CLI says ``--max-seq-len`` where the Space says
+'Max sequence length', without rewriting strings. ``str(error)`` is the CLI's one line.
+
+Example:
+    >>> error = InputError(f"{opt('max_seq_len')} must be at least 2 (got 1)", param="max_seq_len")
+    >>> str(error)
+    '--max-seq-len must be at least 2 (got 1)'
+    >>> error.worded(lambda name: {"max_seq_len": "'Max sequence length'"}.get(name, name))
+    "'Max sequence length' must be at least 2 (got 1)"
 """
 
 from __future__ import annotations
 
+import re
+from typing import Callable, Mapping
+
+_MARK = "\ue000"  # a private-use character: never whitespace, never in a real message
+_PLACEHOLDER = re.compile(f"{_MARK}([a-z_]+){_MARK}")
+# CLI names of what is not an export option (those carry their flags in hub_export.options).
+_CLI_NAMES = {"from_dir": "--from", "output": "-o/--output", "no_chat": "--no-chat", "exist_ok": "--exist-ok"}
+
+Namer = Callable[[str], str]
+
+
+def opt(name: str) -> str:
+    """A placeholder for option ``name`` (a parameter name, e.g. ``max_seq_len``) in an error's text."""
+    return f"{_MARK}{name}{_MARK}"
+
+
+def cli_name(name: str) -> str:
+    """How the command line spells option ``name``: its declared flag, else ``--name-with-dashes``."""
+    if name in _CLI_NAMES:
+        return _CLI_NAMES[name]
+    from .options import ExportOptions, cli_flags
+
+    spec = ExportOptions.__dataclass_fields__.get(name)
+    return cli_flags(spec)[0] if spec is not None else "--" + name.replace("_", "-")
+
+
+def _one_line(text: str | None) -> str | None:
+    return " ".join(str(text).split()) if text else None
+
 
 class HubExportError(Exception):
-    """Base class: a one-line, actionable message and a process exit code."""
+    """Base class: an actionable failure, with a process exit code.
+
+    ``reason``: what went wrong; ``hint``: what to do (CLI words); ``param``: the option
+    at fault; ``repo_id``: the repo concerned; ``code``: the kind of advice, for a front
+    end that gives its own (see :meth:`worded`).
+    """
 
     exit_code: int = 1
 
-    def __init__(self, message: str):
-        super().__init__(" ".join(str(message).split()))
+    def __init__(
+        self,
+        reason: str,
+        *,
+        hint: str | None = None,
+        param: str | None = None,
+        repo_id: str | None = None,
+        code: str | None = None,
+    ):
+        self.reason = _one_line(reason) or ""
+        self.hint = _one_line(hint)
+        self.param = param
+        self.repo_id = repo_id
+        self.code = code
+        super().__init__(self.worded())
+
+    def worded(self, name: Namer = cli_name, hints: Mapping[str, str] | None = None) -> str:
+        """The one line for a front end: its ``name`` for each option, its hint for this ``code`` if it has one."""
+        hint = (hints or {}).get(self.code or "", self.hint)
+        text = self.reason + (f"; {hint}" if hint else "")
+        return _PLACEHOLDER.sub(lambda match: name(match[1]), text)
+
+    def __reduce__(self):
+        # Worker processes send errors back pickled; keep the data, not just the text.
+        fields = dict(hint=self.hint, param=self.param, repo_id=self.repo_id, code=self.code)
+        return _rebuild, (type(self), self.reason, fields)
+
+
+def _rebuild(cls: type[HubExportError], reason: str, fields: dict) -> HubExportError:
+    return cls(reason, **fields)
 
 
 class InputError(HubExportError):

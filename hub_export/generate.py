@@ -12,9 +12,9 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable
+from typing import Callable, Iterator
 
-from .errors import InputError
+from .errors import InputError, opt
 
 
 @dataclass
@@ -56,13 +56,13 @@ class Sampling:
 
     def check(self) -> None:
         if self.temperature < 0:
-            raise InputError(f"--temperature must be 0 (greedy) or more (got {self.temperature})")
+            raise InputError(f"{opt('temperature')} must be 0 (greedy) or more (got {self.temperature})", param="temperature")
         if not 0 < self.top_p <= 1:
-            raise InputError(f"--top-p must be in (0, 1] (got {self.top_p})")
+            raise InputError(f"{opt('top_p')} must be in (0, 1] (got {self.top_p})", param="top_p")
         if self.top_k < 0:
-            raise InputError(f"--top-k must be 0 (off) or more (got {self.top_k})")
+            raise InputError(f"{opt('top_k')} must be 0 (off) or more (got {self.top_k})", param="top_k")
         if self.repetition_penalty <= 0:
-            raise InputError(f"--repetition-penalty must be above 0; 1 is off (got {self.repetition_penalty})")
+            raise InputError(f"{opt('repetition_penalty')} must be above 0; 1 is off (got {self.repetition_penalty})", param="repetition_penalty")
 
     def pick(self, logits, seen, generator) -> int:
         """The next token from ``logits`` ``[vocab]``; ``seen`` are the ids so far (for the penalty)."""
@@ -125,7 +125,8 @@ def chat_prompt(tokenizer_dir: str | Path, prompt: str, system: str | None = Non
 
     template = chat_template(tokenizer_dir)
     if template is None:
-        raise InputError("this model has no chat template; pass --no-chat to send the prompt as is")
+        raise InputError("this model has no chat template", hint=f"pass {opt('no_chat')} to send the prompt as is",
+                         param="chat", code="no_chat_template")
     try:
         config = json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -149,6 +150,109 @@ def chat_prompt(tokenizer_dir: str | Path, prompt: str, system: str | None = Non
         raise InputError(f"the model's chat template refused the prompt: {error}") from None
 
 
+@dataclass
+class GenerationResponse:
+    """One step of :func:`stream_generate`: the text the new token completed, and the figures so far.
+
+    ``text`` may be empty (a token that ends half a character, or a special token);
+    ``stop_reason`` is None until the last response, which carries the final figures.
+    """
+
+    text: str
+    token: int
+    prompt_tokens: int
+    generated_tokens: int
+    prefill_seconds: float
+    decode_seconds: float
+    stop_reason: str | None = None
+    chat: bool = False
+
+    def result(self, text: str) -> GenerationResult:
+        """The :class:`GenerationResult` of a generation whose last response this is."""
+        return GenerationResult(text, self.prompt_tokens, self.generated_tokens, self.prefill_seconds,
+                                self.decode_seconds, self.stop_reason or "max_new_tokens", self.chat)
+
+
+def stream_generate(
+    pte_path: str | Path,
+    tokenizer_dir: str | Path,
+    prompt: str,
+    *,
+    max_new_tokens: int = 64,
+    sampling: Sampling | None = None,
+    chat: bool | None = None,
+    system: str | None = None,
+) -> Iterator[GenerationResponse]:
+    """Generate from ``prompt`` with a ``.pte``, yielding a :class:`GenerationResponse` per token.
+
+    ``chat`` (default: whenever the model has a chat template) sends ``prompt`` as a
+    user message through the template, with ``system`` as the system message.
+    ``sampling`` defaults to greedy. Bad arguments raise before the model is loaded.
+
+    Example:
+        >>> for response in stream_generate("out/model-8da4w.pte", "out", "Once upon a time", max_new_tokens=32):
+        ...     print(response.text, end="", flush=True)
+        >>> response.stop_reason, round(response.result("").decode_tokens_per_s) > 0
+        ('max_new_tokens', True)
+    """
+    import torch
+    from tokenizers import Tokenizer
+    from tokenizers.decoders import DecodeStream
+
+    from .runtime import PteModel
+
+    tokenizer_dir = Path(tokenizer_dir)
+    tokenizer_file = tokenizer_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise InputError(f"no tokenizer.json in {tokenizer_dir.name}/; pass {opt('tokenizer')} with the export folder")
+    if max_new_tokens < 1:
+        raise InputError(f"{opt('max_new_tokens')} must be at least 1", param="max_new_tokens")
+    sampling = sampling or Sampling()
+    sampling.check()
+    if chat is None:
+        chat = chat_template(tokenizer_dir) is not None
+    if system and not chat:
+        raise InputError(f"{opt('system')} needs the chat template", hint=f"drop {opt('no_chat')}", param="system",
+                         code="system_needs_chat")
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    # A rendered template carries its own special tokens (BOS included), as transformers' apply_chat_template does.
+    ids = (tokenizer.encode(chat_prompt(tokenizer_dir, prompt, system), add_special_tokens=False).ids if chat
+           else tokenizer.encode(prompt).ids)
+    if not ids:
+        raise InputError("the prompt is empty after tokenization")
+    model = PteModel(pte_path)
+    max_len = int(model.metadata.get("get_max_seq_len", 0))
+    eos = set(model.metadata.get("get_eos_ids", []))
+    if len(ids) >= max_len:
+        raise InputError(f"the prompt is {len(ids)} tokens; this file holds at most {max_len - 1}")
+
+    generator = torch.Generator().manual_seed(sampling.seed)
+    seen = list(ids)
+    stream = DecodeStream(skip_special_tokens=True)
+    started = time.perf_counter()
+    logits = model.forward(torch.tensor([ids], dtype=torch.long), start_pos=0)
+    prefill_seconds = time.perf_counter() - started
+
+    position, generated = len(ids), 0
+    decode_started = time.perf_counter()
+    while True:
+        token = sampling.pick(logits, seen, generator)
+        seen.append(token)
+        generated += 1
+        stop = "eos" if token in eos else None
+        piece = "" if stop else (stream.step(tokenizer, token) or "")
+        if stop is None and generated >= max_new_tokens:
+            stop = "max_new_tokens"
+        if stop is None and position >= max_len:
+            stop = "context_full"
+        yield GenerationResponse(piece, token, len(ids), generated, prefill_seconds,
+                                 time.perf_counter() - decode_started, stop, chat)
+        if stop:
+            return
+        logits = model.forward(torch.tensor([[token]], dtype=torch.long), start_pos=position)
+        position += 1
+
+
 def generate(
     pte_path: str | Path,
     tokenizer_dir: str | Path,
@@ -160,11 +264,7 @@ def generate(
     system: str | None = None,
     on_text: Callable[[str], None] | None = None,
 ) -> GenerationResult:
-    """Generate from ``prompt`` with a ``.pte``; ``on_text`` receives text as it streams.
-
-    ``chat`` (default: whenever the model has a chat template) sends ``prompt`` as a
-    user message through the template, with ``system`` as the system message.
-    ``sampling`` defaults to greedy.
+    """Generate from ``prompt`` with a ``.pte`` (see :func:`stream_generate`); ``on_text`` receives text as it streams.
 
     Example:
         >>> result = generate("out/model-8da4w.pte", "out", "Once upon a time", max_new_tokens=32,
@@ -172,66 +272,13 @@ def generate(
         >>> round(result.decode_tokens_per_s) > 0
         True
     """
-    import torch
-    from tokenizers import Tokenizer
-    from tokenizers.decoders import DecodeStream
-
-    from .runtime import PteModel
-
-    tokenizer_dir = Path(tokenizer_dir)
-    tokenizer_file = tokenizer_dir / "tokenizer.json"
-    if not tokenizer_file.is_file():
-        raise InputError(f"no tokenizer.json in {tokenizer_dir.name}/; pass --tokenizer with the export folder")
-    if max_new_tokens < 1:
-        raise InputError("--max-new-tokens must be at least 1")
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    model = PteModel(pte_path)
-    max_len = int(model.metadata.get("get_max_seq_len", 0))
-    eos = set(model.metadata.get("get_eos_ids", []))
-
-    sampling = sampling or Sampling()
-    sampling.check()
-    if chat is None:
-        chat = chat_template(tokenizer_dir) is not None
-    if system and not chat:
-        raise InputError("--system needs the chat template; drop --no-chat")
-    # A rendered template carries its own special tokens (BOS included), as transformers' apply_chat_template does.
-    ids = (tokenizer.encode(chat_prompt(tokenizer_dir, prompt, system), add_special_tokens=False).ids if chat
-           else tokenizer.encode(prompt).ids)
-    if not ids:
-        raise InputError("the prompt is empty after tokenization")
-    if len(ids) >= max_len:
-        raise InputError(f"the prompt is {len(ids)} tokens; this file holds at most {max_len - 1}")
-
-    generator = torch.Generator().manual_seed(sampling.seed)
-    seen = list(ids)
-    stream = DecodeStream(skip_special_tokens=True)
     pieces: list[str] = []
-    emit = on_text or (lambda piece: None)
-
-    started = time.perf_counter()
-    logits = model.forward(torch.tensor([ids], dtype=torch.long), start_pos=0)
-    prefill_seconds = time.perf_counter() - started
-
-    position, generated, stop = len(ids), 0, "max_new_tokens"
-    decode_started = time.perf_counter()
-    while True:
-        token = sampling.pick(logits, seen, generator)
-        seen.append(token)
-        generated += 1
-        if token in eos:
-            stop = "eos"
-            break
-        piece = stream.step(tokenizer, token)
-        if piece:
-            pieces.append(piece)
-            emit(piece)
-        if generated >= max_new_tokens:
-            break
-        if position >= max_len:
-            stop = "context_full"
-            break
-        logits = model.forward(torch.tensor([[token]], dtype=torch.long), start_pos=position)
-        position += 1
-    decode_seconds = time.perf_counter() - decode_started
-    return GenerationResult("".join(pieces), len(ids), generated, prefill_seconds, decode_seconds, stop, chat)
+    last = None
+    for last in stream_generate(pte_path, tokenizer_dir, prompt, max_new_tokens=max_new_tokens, sampling=sampling,
+                                chat=chat, system=system):
+        if last.text:
+            pieces.append(last.text)
+            if on_text is not None:
+                on_text(last.text)
+    assert last is not None  # the loop yields at least once
+    return last.result("".join(pieces))

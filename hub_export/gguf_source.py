@@ -16,7 +16,7 @@ import shutil
 import tempfile
 from pathlib import Path
 
-from .errors import InputError, SourceError
+from .errors import InputError, SourceError, opt
 
 log = logging.getLogger(__name__)
 
@@ -28,7 +28,7 @@ _FORMAT_VERSION = 1  # bump when the conversion changes what it writes
 def check_file_name(name: str) -> str:
     """``name`` if it is a plain ``*.gguf`` file name (no folders: it is joined to a repo or folder)."""
     if not name or "/" in name or "\\" in name or name.startswith(".") or not name.endswith(".gguf"):
-        raise InputError(f"--gguf-file must be the plain name of a .gguf file in the source (got {name!r})")
+        raise InputError(f"{opt('gguf_file')} must be the plain name of a .gguf file in the source (got {name!r})", param="gguf_file")
     return name
 
 

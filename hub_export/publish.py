@@ -22,9 +22,12 @@ from pathlib import Path
 from typing import Any, Callable, Iterator, Sequence
 
 from . import card as card_module
-from .errors import HubError, HubExportError, InputError, VerificationError
+from .errors import HubError, InputError, VerificationError, opt
 from .manifest import MANIFEST_NAME, Manifest, Variant, describe_quality, describe_verification, sha256_file
-from .source import CONFIG_FILES, TOKENIZER_FILES, network_errors
+from .options import ExportOptions, options_with
+from .quantize import QMODES
+from .hub import LOGIN_HINT, hub_errors, not_logged_in, resolve_endpoint, resolve_token
+from .source import CONFIG_FILES, TOKENIZER_FILES
 
 log = logging.getLogger(__name__)
 
@@ -32,7 +35,6 @@ Progress = Callable[[str], None]
 REPO_SUFFIX = "-ExecuTorch"
 CARD_NAME = card_module.CARD_NAME
 COMPANION_FILES = tuple(CONFIG_FILES) + tuple(TOKENIZER_FILES)
-LOGIN_HINT = "pass --token, set HF_TOKEN or run `hf auth login`"
 
 
 @dataclass
@@ -74,20 +76,6 @@ class PushResult:
 # -- settings -----------------------------------------------------------------------
 
 
-def resolve_endpoint(endpoint: str | None = None) -> str:
-    """``endpoint``, else ``HF_ENDPOINT`` (read by huggingface_hub), without a trailing slash."""
-    from huggingface_hub import constants
-
-    return (endpoint or constants.ENDPOINT).rstrip("/")
-
-
-def resolve_token(token: str | None = None) -> str | None:
-    """``token``, else ``HF_TOKEN``, else the huggingface_hub login; None when not logged in."""
-    from huggingface_hub import get_token
-
-    return token or get_token()
-
-
 def check_repo_id(repo_id: str, *, namespace_required: bool = True) -> str:
     """Validate ``repo_id`` locally, with huggingface_hub's validator, before any request.
 
@@ -121,83 +109,6 @@ def default_repo_name(source_name: str) -> str:
     return source_name.rstrip("/").split("/")[-1] + REPO_SUFFIX
 
 
-# -- errors -------------------------------------------------------------------------
-
-
-def _redact(text: str, token: str | None) -> str:
-    return text.replace(token, "***") if token else text
-
-
-def _http_message(error, repo_id: str, endpoint: str, action: str) -> HubExportError:
-    status = error.response.status_code if getattr(error, "response", None) is not None else None
-    detail = " ".join((getattr(error, "server_message", None) or "").split())[:200]
-    if status == 400:
-        return InputError(f"the Hub refused to {action} {repo_id} (HTTP 400: {detail or 'bad request'}); check the repo name")
-    if status == 401:
-        return HubError(f"the Hub at {endpoint} rejected the token (HTTP 401); {LOGIN_HINT} with a valid token")
-    if status == 403:
-        return HubError(
-            f"permission denied: your token cannot {action} {repo_id} (HTTP 403); use a write token for that "
-            "namespace or push to your own namespace"
-        )
-    if status == 409:
-        return HubError(f"conflict while trying to {action} {repo_id} (HTTP 409: {detail}); retry in a moment")
-    if status == 412:
-        return HubError(f"{repo_id} changed while pushing (HTTP 412); run the command again")
-    return HubError(f"the Hub failed to {action} {repo_id} (HTTP {status or '?'}{': ' + detail if detail else ''}); retry later")
-
-
-@contextmanager
-def hub_errors(repo_id: str, endpoint: str, action: str = "access", token: str | None = None) -> Iterator[None]:
-    """Turn huggingface_hub and network failures into one-line, actionable errors.
-
-    Example:
-        >>> with hub_errors("alice/repo", "https://huggingface.co", "push to"):
-        ...     api.create_commit(...)
-    """
-    from huggingface_hub.errors import (
-        EntryNotFoundError,
-        GatedRepoError,
-        HfHubHTTPError,
-        HFValidationError,
-        LocalEntryNotFoundError,
-        LocalTokenNotFoundError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    try:
-        yield
-    except HubExportError:
-        raise
-    except LocalTokenNotFoundError:
-        raise HubError(f"not logged in to {endpoint}: {LOGIN_HINT}") from None
-    except GatedRepoError:
-        raise HubError(f"{repo_id} is gated: accept its conditions on the Hub, then retry with your token") from None
-    except RepositoryNotFoundError:
-        raise HubError(
-            f"repo {repo_id} not found on {endpoint}, or your token cannot see it; check the id and --token/HF_TOKEN"
-        ) from None
-    except RevisionNotFoundError:
-        raise HubError(f"revision not found in {repo_id}; check --revision/--branch") from None
-    except LocalEntryNotFoundError:
-        raise HubError(
-            f"cannot download from {endpoint} (unreachable, and not in the local cache); check the network or "
-            "--endpoint/HF_ENDPOINT"
-        ) from None
-    except EntryNotFoundError as error:
-        raise HubError(f"{repo_id} lacks a file hub-export needs ({_redact(str(error).splitlines()[0], token)})") from None
-    except HfHubHTTPError as error:
-        failure = _http_message(error, repo_id, endpoint, action)
-        raise type(failure)(_redact(str(failure), token)) from None
-    except HFValidationError as error:
-        raise InputError(_redact(str(error).splitlines()[0], token)) from None
-    except network_errors() as error:
-        raise HubError(
-            f"cannot reach {endpoint} ({type(error).__name__}); check the network or --endpoint/HF_ENDPOINT"
-        ) from None
-
-
 # -- remote state -------------------------------------------------------------------
 
 
@@ -228,12 +139,13 @@ def _check_can_write(user: dict, namespace: str, endpoint: str) -> None:
     name = user.get("name", "")
     role = ((user.get("auth") or {}).get("accessToken") or {}).get("role")
     if role == "read":
-        raise HubError(f"your token for {endpoint} is read-only; create a write token and pass it with --token")
+        raise HubError(f"your token for {endpoint} is read-only", param="token", code="read_only",
+                       hint=f"create a write token and pass it with {opt('token')}")
     orgs = {org.get("name") for org in user.get("orgs") or [] if org.get("roleInOrg") != "read"}
     if namespace != name and namespace not in orgs:
         raise HubError(
-            f"permission denied: {name} cannot write to {namespace}/ on {endpoint}; push to {name}/... "
-            f"or ask {namespace} for write access"
+            f"permission denied: {name} cannot write to {namespace}/ on {endpoint}", param="repo_id",
+            hint=f"push to {name}/... or ask {namespace} for write access", code="other_namespace",
         )
 
 
@@ -326,7 +238,7 @@ def _source_card_data(
     if source_card is not None:
         path = Path(source_card)
         if not path.exists():
-            raise InputError(f"--source-card {path.name} not found")
+            raise InputError(f"{opt('source_card')} {path.name} not found", param="source_card")
         return card_module.read_source_card(path)
     if manifest.source.get("card_data"):
         return dict(manifest.source["card_data"])
@@ -373,20 +285,12 @@ def _hub_source_card(repo_id: str, revision: str | None, token, endpoint: str) -
     return card_module.read_source_card(path)
 
 
-def _export_into(
-    source: str, folder: Path, export_options: dict[str, Any], token, endpoint: str, progress: Progress | None
-) -> Manifest:
-    from .export import export
-
-    options = {k: v for k, v in export_options.items() if v is not None}
-    return export(source, folder, token=token, endpoint=endpoint, progress=progress, **options)
-
-
 def _check_same_source(remote: Manifest, source_id: str | None) -> None:
     """One repo, one source model: variants of another model would share its tokenizer and card."""
     if remote.source.get("id") != source_id:
         raise InputError(
-            f"the repo holds exports of {remote.source.get('id')!r}, not {source_id!r}; push to another repo"
+            f"the repo holds exports of {remote.source.get('id')!r}, not {source_id!r}", hint="push to another repo",
+            param="repo_id", code="other_source",
         )
 
 
@@ -442,23 +346,10 @@ def _commit_description(local: Manifest, merged: Manifest) -> str:
 def push(
     source: str | None = None,
     repo_id: str | None = None,
+    options: ExportOptions | None = None,
     *,
     from_dir: str | Path | None = None,
     output_dir: str | Path | None = None,
-    qmodes: Sequence[str] = ("8da4w",),
-    qembedding: str | None = None,
-    group_size: int | None = None,
-    max_seq_len: int | None = None,
-    jobs: int | None = None,
-    share_embeddings: bool = False,
-    quality_tokens: int | None = None,
-    gguf_file: str | None = None,
-    base_model: str | None = None,
-    license: str | None = None,
-    model_name: str | None = None,
-    revision: str | None = None,
-    trust_remote_code: bool = False,
-    allow_pickle: bool = False,
     branch: str | None = None,
     private: bool = False,
     create_pr: bool = False,
@@ -471,6 +362,7 @@ def push(
     endpoint: str | None = None,
     cache_dir: str | Path | None = None,
     progress: Progress | None = None,
+    **option_values: Any,
 ) -> PushResult:
     """Export ``source`` (or take the export in ``from_dir``) and publish it in one commit.
 
@@ -481,6 +373,8 @@ def push(
     card and manifest are updated. A repo not made by hub-export needs ``exist_ok``.
     ``base_model``, ``license`` and ``model_name`` say what a local or GGUF source is, for
     the card (see :func:`hub_export.export.export`); with ``from_dir`` they are added to its manifest.
+    What to export is an :class:`~hub_export.options.ExportOptions`, whole or as keywords,
+    as for :func:`hub_export.export.export`.
 
     Example:
         >>> result = push("HuggingFaceTB/SmolLM2-135M", qmodes=["8da4w"], max_seq_len=256)
@@ -491,17 +385,21 @@ def push(
     """
     from huggingface_hub import HfApi
 
+    from .export import export
+
+    options = options_with(options, option_values)
     _check_push_arguments(source, from_dir, output_dir, template)
     say = progress or (lambda message: log.info(message))
     endpoint = resolve_endpoint(endpoint)
     token = resolve_token(token)
     if token is None and not dry_run:
-        raise HubError(f"not logged in to {endpoint}: {LOGIN_HINT}")
+        raise not_logged_in(endpoint)
     folder = Path(from_dir) if from_dir is not None else None
     local = Manifest.read(folder) if folder is not None else None
     if local is not None:
-        local.source = {**local.source, **card_module.declared_source(base_model, license, model_name)}
-    source_name = local.source.get("id") if local else _source_name(source, gguf_file)
+        local.source = {**local.source, **card_module.declared_source(options.base_model, options.license,
+                                                                       options.model_name)}
+    source_name = local.source.get("id") if local else _source_name(source, options.gguf_file)
 
     api = HfApi(endpoint=endpoint, token=token if token else False)
     repo_id = _target_repo(api, repo_id, source_name or Path(source or ".").resolve().name, token, endpoint)
@@ -511,17 +409,13 @@ def push(
     remote = _remote_state(api, repo_id, branch, endpoint)
     if remote.is_foreign and not exist_ok:
         raise InputError(
-            f"{repo_id} already exists and was not made by hub-export (no {MANIFEST_NAME}); pass --exist-ok to add "
-            "the export to it"
+            f"{repo_id} already exists and was not made by hub-export (no {MANIFEST_NAME})", param="repo_id",
+            hint=f"pass {opt('exist_ok')} to add the export to it", repo_id=repo_id, code="foreign_repo",
         )
     if remote.manifest is not None:
         _check_same_source(remote.manifest, source_name)  # before an export is wasted
         if from_dir is None and not force and not dry_run:
-            built = _already_built(remote.manifest, source, dict(
-                qmodes=list(qmodes), qembedding=qembedding, group_size=group_size, max_seq_len=max_seq_len,
-                share_embeddings=share_embeddings, quality_tokens=quality_tokens, gguf_file=gguf_file,
-                revision=revision, declared=card_module.declared_source(base_model, license, model_name)),
-                token, endpoint)
+            built = _already_built(remote.manifest, source, options, token, endpoint)
             if built:
                 say(f"{repo_id} already holds {', '.join(built)} built from the same source revision with the same "
                     "options and tool versions; nothing to rebuild (--force rebuilds)")
@@ -533,24 +427,7 @@ def push(
         if folder is None:
             assert source is not None
             folder = Path(output_dir) if output_dir else Path(scratch) / "export"
-            export_options = dict(
-                qmodes=list(qmodes),
-                qembedding=qembedding,
-                group_size=group_size,
-                max_seq_len=max_seq_len,
-                jobs=jobs,
-                share_embeddings=share_embeddings,
-                quality_tokens=quality_tokens,
-                gguf_file=gguf_file,
-                base_model=base_model,
-                license=license,
-                model_name=model_name,
-                revision=revision,
-                trust_remote_code=trust_remote_code,
-                allow_pickle=allow_pickle,
-                cache_dir=cache_dir,
-            )
-            local = _export_into(source, folder, export_options, token, endpoint, say)
+            local = export(source, folder, options, token=token, endpoint=endpoint, cache_dir=cache_dir, progress=say)
         assert local is not None
         _check_folder(folder, local)
         card_data = _source_card_data(source_card, local, folder, source, token, endpoint)
@@ -567,59 +444,60 @@ def push(
         return _publish(api, repo_id, payload, remote, local, merged, branch, private, create_pr, dry_run, endpoint, say)
 
 
-def _already_built(remote: Manifest, source: str | None, options: dict[str, Any], token, endpoint) -> list[str]:
+def _already_built(remote: Manifest, source: str | None, options: ExportOptions, token, endpoint) -> list[str]:
     """The requested variant files, if ``remote`` holds every one of them built exactly as asked; else ``[]``.
 
     Exactly: from the same source revision (a Hub commit, a GGUF's sha256 or a folder's
     contents), with the same options, by the same versions of hub-export, torch,
     executorch, torchao and transformers, and verified. Any doubt means rebuild.
     """
-    from .export import DEFAULT_QUALITY_TOKENS, variant_filename
     from .manifest import package_versions
-    from .quantize import DEFAULT_GROUP_SIZE, QMODES
     from .source import peek_fingerprint
 
     if source is None or remote.versions != package_versions() or not remote.source.get("fingerprint"):
         return []
     declared = {key: remote.source.get(key) for key in ("base_model", "license", "model_name")}
-    if {k: v for k, v in declared.items() if v is not None} != options["declared"]:
+    wanted_declared = card_module.declared_source(options.base_model, options.license, options.model_name)
+    if {k: v for k, v in declared.items() if v is not None} != wanted_declared:
         return []  # the card would say something else
     by_file = {v.file: v for v in remote.variants}
-    quality_tokens = options["quality_tokens"] if options["quality_tokens"] is not None else DEFAULT_QUALITY_TOKENS
     wanted = []
-    for qmode in options["qmodes"]:
-        variant = by_file.get(variant_filename(qmode, options["qembedding"]))
+    for qmode, name in zip(options.qmodes, options.variant_files()):
+        variant = by_file.get(name)
         if variant is None or variant.qmode != qmode:
             return []
         check = variant.verification or {}
         quality = check.get("quality") or {}
         same = (
             check.get("passed") is True
-            and (options["max_seq_len"] is None or variant.max_seq_len == options["max_seq_len"])
-            and (not QMODES[qmode].grouped or variant.group_size == (options["group_size"] or DEFAULT_GROUP_SIZE))
-            and bool(variant.data_file) == bool(options["share_embeddings"])
-            and (quality.get("tokens", 0) > 0) == (quality_tokens > 0)
+            and (options.max_seq_len is None or variant.max_seq_len == options.max_seq_len)
+            and (not QMODES[qmode].grouped or variant.group_size == options.group_size)
+            and bool(variant.data_file) == options.share_embeddings
+            and (quality.get("tokens", 0) > 0) == (options.quality_tokens > 0)
         )
         if not same:
             return []
         wanted.append(variant.file)
-    fingerprint = peek_fingerprint(source, options["gguf_file"], options["revision"], token, endpoint)
+    fingerprint = peek_fingerprint(source, options.gguf_file, options.revision, token, endpoint)
     return wanted if fingerprint and fingerprint == remote.source.get("fingerprint") else []
 
 
 def _check_push_arguments(source, from_dir, output_dir, template) -> None:
     """Argument mistakes, found before any request."""
     if (source is None) == (from_dir is None):
-        raise InputError("give either a SOURCE to export or --from DIR with an export folder")
+        raise InputError(f"give either a SOURCE to export or {opt('from_dir')} DIR with an export folder")
     if from_dir is not None and not Path(from_dir).is_dir():
-        raise InputError(f"--from {Path(from_dir).name} is not a folder")
+        raise InputError(f"{opt('from_dir')} {Path(from_dir).name} is not a folder", param="from_dir")
     if output_dir is not None:
         if from_dir is not None:
-            raise InputError("-o/--output keeps a new export; with --from the export folder already exists")
+            raise InputError(f"{opt('output')} keeps a new export; with {opt('from_dir')} the export folder already "
+                             "exists", param="output")
         if Path(output_dir).exists() and any(Path(output_dir).iterdir()):
-            raise InputError(f"{Path(output_dir).name} is not empty; choose another -o/--output")
+            raise InputError(f"{Path(output_dir).name} is not empty", hint=f"choose another {opt('output')}",
+                             param="output")
     if template is not None and not Path(template).is_file():
-        raise InputError(f"template {Path(template).name} not found; pass an existing file to --template")
+        raise InputError(f"template {Path(template).name} not found",
+                         hint=f"pass an existing file to {opt('template')}", param="template")
 
 
 def _target_repo(api, repo_id: str | None, source_name: str, token: str | None, endpoint: str) -> str:
@@ -627,7 +505,8 @@ def _target_repo(api, repo_id: str | None, source_name: str, token: str | None, 
     user = _who(api, endpoint) if token else None
     if repo_id is None:
         if user is None:
-            raise HubError(f"name the target repo or log in so that it defaults to your namespace: {LOGIN_HINT}")
+            raise HubError("name the target repo or log in so that it defaults to your namespace", hint=LOGIN_HINT,
+                           param="token", code="login")
         repo_id = f"{user['name']}/{default_repo_name(source_name)}"
     check_repo_id(repo_id)
     if user is not None:
@@ -781,7 +660,8 @@ def pull(
         return _pull_into(repo_id, variant, None, endpoint, token, revision)
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
-        raise InputError(f"-o/--output {out.name} is a file, not a folder; choose a folder to download to")
+        raise InputError(f"{opt('output')} {out.name} is a file, not a folder", hint="choose a folder to download to",
+                         param="output")
     with _undo_on_failure(out):
         return _pull_into(repo_id, variant, str(out), endpoint, token, revision)
 

@@ -209,20 +209,20 @@ def quantize_model(
 
 def validate(qmodes: list[str], qembedding: str | None, group_size: int) -> None:
     """Raise :class:`~hub_export.errors.InputError` for an unknown mode or a bad group size."""
-    from .errors import InputError
+    from .errors import InputError, opt
 
     for mode in qmodes:
         if mode not in QMODES:
-            raise InputError(f"unknown --qmode {mode!r}; choose from {', '.join(QMODES)}")
+            raise InputError(f"unknown {opt('qmodes')} {mode!r}; choose from {', '.join(QMODES)}")
     if len(set(qmodes)) != len(qmodes):
-        raise InputError("each --qmode may be given once")
+        raise InputError(f"each {opt('qmodes')} may be given once")
     if qembedding and qembedding not in QEMBEDDINGS:
-        raise InputError(f"unknown --qembedding {qembedding!r}; choose from {', '.join(QEMBEDDINGS)}")
+        raise InputError(f"unknown {opt('qembedding')} {qembedding!r}; choose from {', '.join(QEMBEDDINGS)}")
     if group_size != DEFAULT_GROUP_SIZE and not any(QMODES[mode].grouped for mode in qmodes):
         grouped = ", ".join(name for name, mode in QMODES.items() if mode.grouped)
         log.warning("--group-size applies only to %s; the chosen qmodes are per-channel and ignore it", grouped)
     if group_size <= 0 or group_size % 32:
         raise InputError(
-            f"--group-size must be a positive multiple of 32 (got {group_size}), as XNNPACK's int4 kernels require; "
+            f"{opt('group_size')} must be a positive multiple of 32 (got {group_size}), as XNNPACK's int4 kernels require; "
             "32 is typical"
         )

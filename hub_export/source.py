@@ -14,7 +14,8 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
-from .errors import InputError, SourceError
+from .errors import InputError, SourceError, opt
+from .hub import hub_errors, resolve_endpoint
 
 CONFIG_FILES = ["config.json", "generation_config.json"]
 WEIGHT_PATTERNS = ["*.safetensors", "model.safetensors.index.json"]
@@ -53,71 +54,21 @@ def _matches(name: str, patterns: list[str]) -> bool:
     return any(fnmatch(name, pattern) for pattern in patterns)
 
 
-def network_errors() -> tuple[type[BaseException], ...]:
-    """Connection-level failures of whichever HTTP client huggingface_hub uses (httpx2 in 2.x)."""
-    errors: list[type[BaseException]] = [ConnectionError, TimeoutError]
-    for module_name in ("httpx2", "httpx"):
-        try:
-            errors.append(__import__(module_name).TransportError)
-        except (ImportError, AttributeError):
-            pass
-    return tuple(errors)
-
-
-def _hub_errors():
-    from huggingface_hub.errors import (
-        GatedRepoError,
-        HfHubHTTPError,
-        RepositoryNotFoundError,
-        RevisionNotFoundError,
-    )
-
-    return GatedRepoError, HfHubHTTPError, RepositoryNotFoundError, RevisionNotFoundError
-
-
-def _gated(repo_id: str) -> SourceError:
-    return SourceError(f"{repo_id} is gated: accept its license on the Hub, then pass --token or set HF_TOKEN")
-
-
 def _model_info(repo_id: str, revision: str | None, token: str | None, endpoint: str | None):
     from huggingface_hub import HfApi
 
-    gated, http_error, not_found, revision_not_found = _hub_errors()
     api = HfApi(endpoint=endpoint, token=token)
-    try:
+    with hub_errors(repo_id, api.endpoint, "read", token, failure=SourceError, revision=revision):
         return api.model_info(repo_id, revision=revision)
-    except gated:
-        raise _gated(repo_id) from None
-    except revision_not_found:
-        raise SourceError(f"revision {revision!r} not found in {repo_id}") from None
-    except not_found:
-        raise SourceError(
-            f"model {repo_id!r} not found on {api.endpoint} (check the id; for a private repo pass --token)"
-        ) from None
-    except http_error as error:
-        status = error.response.status_code if error.response is not None else "?"
-        raise SourceError(f"the Hub refused access to {repo_id} (HTTP {status}); check --token") from None
-    except (OSError, *network_errors()) as error:
-        raise SourceError(
-            f"cannot reach {api.endpoint} ({type(error).__name__}); check the network or --endpoint/HF_ENDPOINT"
-        ) from None
 
 
 def _download(repo_id, sha, files, token, endpoint, cache_dir) -> Path:
     from huggingface_hub import snapshot_download
 
-    gated, http_error, _, _ = _hub_errors()
-    try:
+    with hub_errors(repo_id, endpoint or resolve_endpoint(), "read", token, failure=SourceError):
         folder = snapshot_download(
             repo_id, revision=sha, allow_patterns=files, token=token, endpoint=endpoint, cache_dir=cache_dir
         )
-    except gated:
-        # The Hub shows a gated repo's page to everyone; only its files are refused.
-        raise _gated(repo_id) from None
-    except http_error as error:
-        raise SourceError(f"download of {repo_id} failed: {str(error).splitlines()[0]}") from None
-    except (OSError, *network_errors()) as error:
-        raise SourceError(f"download of {repo_id} failed ({type(error).__name__}); retry or check the network") from None
     return Path(folder)
 
 
@@ -132,7 +83,7 @@ def _select_files(names: list[str], allow_pickle: bool, where: str) -> list[str]
         if not allow_pickle:
             raise InputError(
                 f"{where} only has pickle weights ({pickles[0]}), which can run code when loaded; "
-                "pass --allow-pickle if you trust the source"
+                f"pass {opt('allow_pickle')} if you trust the source"
             )
         weights = pickles
     wanted = [n for n in names if n in CONFIG_FILES or n in TOKENIZER_FILES or n == CARD_FILE]
@@ -150,7 +101,7 @@ def check_safety(config: dict, where: str, trust_remote_code: bool) -> None:
     """Refuse remote code unless the user trusts it."""
     if config.get("auto_map") and not trust_remote_code:
         raise InputError(
-            f"{where} needs custom (remote) code to load; pass --trust-remote-code only if you trust its author"
+            f"{where} needs custom (remote) code to load; pass {opt('trust_remote_code')} only if you trust its author"
         )
 
 

@@ -22,7 +22,6 @@ import json
 import logging
 import os
 import queue
-import re
 import shutil
 import tempfile
 import threading
@@ -38,10 +37,11 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from hub_export import publish
+from hub_export import hub, publish
 # quality_cell: the model card's own cell, so the Space's table and the card never disagree.
 from hub_export.card import human_size, quality_cell
 from hub_export.errors import HubError, HubExportError, InputError
+from hub_export.redact import Redactor
 from hub_export.generate import GenerationResult, Sampling, generate
 from hub_export.manifest import Manifest, Variant, describe_quality, describe_verification
 from hub_export.quantize import DEFAULT_GROUP_SIZE
@@ -75,37 +75,45 @@ CHAT_PROMPT, PLAIN_PROMPT = "What is the capital of France?", "Once upon a time"
 HEARTBEAT_SECONDS = 1.0
 # Words, not emoji: status lines are read by API clients and screen readers too.
 RUNNING, DONE, FAILED, QUEUED = "**Running:**", "**Done:**", "**Failed:**", "**Queued:**"
-# Hub-style tokens are redacted even when we were never told about them (a token pasted
-# into the source field, one echoed by a server): a leak is worse than an odd log line.
-TOKEN_PATTERN = re.compile(r"\bhf_[A-Za-z0-9]{16,}\b")
-# The library's messages name CLI flags; the Space says which field to change instead.
-SPACE_WORDING = (
-    (f"{publish.LOGIN_HINT} with a valid token", "sign in again or paste a valid write token"),
-    (publish.LOGIN_HINT, "sign in again or paste a valid write token"),
-    # The form has a token field (or a sign-in), not a --token flag to "pass".
-    ("then pass --token or set HF_TOKEN", "then retry with the token of an account that accepted them"),
-    ("for a private repo pass --token", "for a private repo, use a token that can read it"),
-    ("create a write token and pass it with --token", "create a write token and use it here"),
-    ("check --token", "check your token"),
-    ("push to another repo", "choose another 'Target repo'"),
-    ("pass --exist-ok to add the export to it", "choose another repo name"),
-    ("--token/HF_TOKEN", "your token"),
-    ("--endpoint/HF_ENDPOINT", "the Space's HF_ENDPOINT"),
-    ("--revision/--branch", "the revision"),
-    ("--max-seq-len", "'Max sequence length'"),
-    ("--group-size", "'Group size'"),
-    ("--qembedding", "'Embedding quantization'"),
-    ("--qmode", "variant"),
-    ("--system needs the chat template; drop --no-chat",
-     "a 'System message' needs the chat template: tick 'Use the chat template', or clear the system message"),
-    ("pass --no-chat to send the prompt as is", "untick 'Use the chat template' to send the prompt as is"),
-    ("--temperature", "'Temperature'"),
-    ("--top-p", "'Top-p'"),
-    ("--top-k", "'Top-k'"),
-    ("--repetition-penalty", "'Repetition penalty'"),
-    ("--revision", "'Revision'"),
-    ("--token", "your token"),
-)
+# The library names options by their CLI flags; the Space names the form's fields and gives
+# its own advice where the CLI's (a flag to pass) does not apply to a web form.
+FIELD_LABELS = {
+    "token": "your token",
+    "source": "'Source model'",
+    "revision": "'Revision'",
+    "qmodes": "'Variants'",
+    "qembedding": "'Embedding quantization'",
+    "group_size": "'Group size'",
+    "max_seq_len": "'Max sequence length'",
+    "repo_id": "'Target repo'",
+    "endpoint": "the Space's HF_ENDPOINT",
+    "branch": "the revision",
+    "max_new_tokens": "'Max new tokens'",
+    "system": "'System message'",
+    "temperature": "'Temperature'",
+    "top_p": "'Top-p'",
+    "top_k": "'Top-k'",
+    "repetition_penalty": "'Repetition penalty'",
+    "seed": "'Seed'",
+}
+SPACE_HINTS = {
+    "login": "sign in again or paste a valid write token",
+    "token_rejected": "sign in again or paste a valid write token",
+    "read_only": "create a write token and use it here",
+    "gated": "accept its conditions on the Hub, then retry with the token of an account that accepted them",
+    "not_found": "check the id; for a private repo, use a token that can read it",
+    "forbidden": "use a token with access to that repo, or choose a 'Target repo' in your own namespace",
+    "other_source": "choose another 'Target repo'",
+    "foreign_repo": "choose another 'Target repo'",
+    "other_namespace": "choose a 'Target repo' in your own namespace",
+    "no_chat_template": "untick 'Use the chat template' to send the prompt as is",
+    "system_needs_chat": "tick 'Use the chat template', or clear the system message",
+}
+
+
+def field_label(name: str) -> str:
+    """The form's name for a library option (``max_seq_len`` -> 'Max sequence length')."""
+    return FIELD_LABELS.get(name, f"'{name.replace('_', ' ').capitalize()}'")
 
 
 # -- settings -------------------------------------------------------------------------
@@ -187,7 +195,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
     work_root = env.get("HUB_EXPORT_SPACE_WORKDIR", "").strip()
     env_token = (env.get("HF_TOKEN") or "").strip() or None
     return Settings(
-        endpoint=publish.resolve_endpoint(env.get("HF_ENDPOINT") or None),
+        endpoint=hub.resolve_endpoint(env.get("HF_ENDPOINT") or None),
         auth=auth,
         concurrency=_positive_int(env, "HUB_EXPORT_SPACE_CONCURRENCY", 1),
         preview_concurrency=_positive_int(env, "HUB_EXPORT_SPACE_PREVIEW_CONCURRENCY", 1),
@@ -200,36 +208,10 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
 # -- secrets and messages ---------------------------------------------------------------
 
 
-class Redactor:
-    """Replaces every known secret, and anything shaped like a Hub token, with ``***``."""
-
-    def __init__(self, *secrets: str | None):
-        self._secrets: set[str] = set()
-        for secret in secrets:
-            self.add(secret)
-
-    def add(self, secret: str | None) -> None:
-        # Very short strings would blank out ordinary words; real tokens are long.
-        if secret and len(secret) >= 8:
-            self._secrets.add(secret)
-
-    def __call__(self, text: str) -> str:
-        for secret in sorted(self._secrets, key=len, reverse=True):
-            text = text.replace(secret, "***")
-        return TOKEN_PATTERN.sub("hf_***", text)
-
-
-def space_wording(message: str) -> str:
-    """A library message with CLI flag names replaced by what to change in the Space."""
-    for old, new in SPACE_WORDING:
-        message = message.replace(old, new)
-    return message
-
-
 def failure_message(error: BaseException, job_id: str, redact: Redactor) -> str:
     """The one line a user sees for ``error``; unexpected errors are logged with their traceback."""
     if isinstance(error, HubExportError):
-        return redact(space_wording(str(error)))
+        return redact(error.worded(field_label, SPACE_HINTS))
     if isinstance(error, gr.Error):
         return redact(error.message)
     if isinstance(error, MemoryError):
@@ -605,7 +587,7 @@ class Jobs:
         from huggingface_hub import HfApi
 
         endpoint = self.settings.endpoint
-        with publish.hub_errors("your account", endpoint, "identify", token):
+        with hub.hub_errors("your account", endpoint, "identify", token):
             user = HfApi(endpoint=endpoint, token=token).whoami()
         return publish.check_repo_id(f"{user['name']}/{repo_name}")
 
@@ -715,7 +697,7 @@ class Jobs:
         from huggingface_hub import hf_hub_download
 
         endpoint = self.settings.endpoint
-        with publish.hub_errors(repo_id, endpoint, "read", token):
+        with hub.hub_errors(repo_id, endpoint, "read", token):
             path = hf_hub_download(
                 repo_id, publish.CARD_NAME, revision=revision, endpoint=endpoint, token=token, local_dir=folder / "card"
             )

@@ -100,14 +100,24 @@ def test_static_graph_is_not_marked_dynamic(tiny_model, tmp_path):
 def test_generate_streams_utf8_text_and_reports_speed(exported_multi):
     from hub_export.generate import generate
 
+    from tokenizers import Tokenizer
+
+    from hub_export.generate import stream_generate
+
+    pte = exported_multi / "model-8da4w-emb8w.pte"
     pieces: list[str] = []
-    result = generate(
-        exported_multi / "model-8da4w-emb8w.pte", exported_multi, "Café 東京 🙂", max_new_tokens=40, on_text=pieces.append
-    )
+    result = generate(pte, exported_multi, "Café 東京 🙂", max_new_tokens=40, on_text=pieces.append)
     assert "".join(pieces) == result.text
-    result.text.encode("utf-8")  # every piece was whole characters
     assert result.prompt_tokens > 3 and 1 <= result.generated_tokens <= 40
     assert result.prefill_tokens_per_s > 0 and result.stop_reason in {"eos", "max_new_tokens"}
+
+    responses = list(stream_generate(pte, exported_multi, "Café 東京 🙂", max_new_tokens=40))
+    assert [r.stop_reason for r in responses[:-1]] == [None] * (len(responses) - 1) and responses[-1].stop_reason
+    assert "".join(r.text for r in responses) == result.text  # generate is the stream, collected
+    # Streamed pieces are whole characters: together they read as the tokens decoded at once.
+    tokens = [r.token for r in responses if r.stop_reason != "eos"]
+    whole = Tokenizer.from_file(str(exported_multi / "tokenizer.json")).decode(tokens, skip_special_tokens=True)
+    assert result.text == whole
 
 
 def test_generate_cli_prints_text_and_tokens_per_second(exported_multi, capsys):
@@ -116,6 +126,10 @@ def test_generate_cli_prints_text_and_tokens_per_second(exported_multi, capsys):
     )
     assert code == 0, err
     assert "prefill" in err and "decode" in err and "tok/s" in err
+    from hub_export.generate import generate
+
+    expected = generate(exported_multi / "model-fp32.pte", exported_multi, "Once upon a time", max_new_tokens=12)
+    assert out == expected.text + "\n"  # the text itself, on stdout, and nothing else there
 
 
 # --- more qmodes, untied embeddings and the group-size fallback ---------------------------
@@ -235,7 +249,7 @@ def test_share_embeddings_refuses_an_untied_model(untied_odd_model, tmp_path, ca
 
 
 def test_verification_fails_on_a_corrupted_pte(exported_multi, tiny_model, tmp_path):
-    from hub_export.export import load_model
+    from hub_export.build import load_model
     from hub_export.verify import build_reference, expected_logits, verify
 
     broken = tmp_path / "broken.pte"
@@ -375,10 +389,10 @@ def test_export_from_the_hub_records_repo_and_commit(local_hub, hub_model, tmp_p
 
 HUB_ERRORS = {
     "repo not found": ("alice/nope", "alice", 3, "not found on"),
-    "private repo, other user": ("alice/tiny-source", "bob", 3, "for a private repo pass --token"),
+    "private repo, other user": ("alice/tiny-source", "bob", 3, "for a private repo use a token that can read it (--token"),
     "private repo, anonymous": ("alice/tiny-source", None, 3, "not found on"),
     "revision not found": ("alice/tiny-source", "alice", 3, "revision 'v9' not found"),
-    "gated repo, no access": ("alice/tiny-gated", "bob", 3, "alice/tiny-gated is gated: accept its license on the Hub"),
+    "gated repo, no access": ("alice/tiny-gated", "bob", 3, "alice/tiny-gated is gated; accept its conditions on the Hub"),
 }
 
 

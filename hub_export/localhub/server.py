@@ -19,7 +19,7 @@ import time
 from hashlib import sha256
 from pathlib import Path
 from typing import Any
-from urllib.parse import parse_qs, parse_qsl, unquote, urlencode
+from urllib.parse import parse_qs, unquote, urlencode
 
 import yaml
 from fastapi import APIRouter, FastAPI, Request
@@ -30,6 +30,7 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ..errors import HubExportError
+from ..redact import redact_query
 from .objects import Entry, Tree, UploadMismatch, folder_oid, folders
 from .store import (
     AddFile,
@@ -55,7 +56,6 @@ XET_MESSAGE = (
 )
 UPLOAD_URL_TTL = 3600
 _FRONT_MATTER = re.compile(r"\A---[ \t]*\r?\n(.*?)\r?\n---[ \t]*(\r?\n|\Z)", re.S)
-_SECRET_PARAM = re.compile(r"token|sig|secret|key|auth|pass|credential", re.I)
 _SHA256 = re.compile(r"[0-9a-f]{64}")
 _WRITE_BUFFER = 4 * 1024 * 1024
 _HEADER_LIMIT = 1000  # characters of an error message echoed in X-Error-Message
@@ -170,13 +170,6 @@ class BodyLimit:
             return message
 
         await self.app(scope, counted, send)
-
-
-def redact_query(query: str) -> str:
-    """Drop the values of anything token-like from a query string before it is logged."""
-    pairs = parse_qsl(query, keep_blank_values=True)
-    safe = [(k, "***" if _SECRET_PARAM.search(k) or v.startswith("hf_") else v) for k, v in pairs]
-    return urlencode(safe, safe="*")
 
 
 class RequestLog:
