@@ -27,6 +27,7 @@ from .archs import FAMILIES
 from .card import render_card
 from .export import export, read_manifest
 from .options import ExportOptions
+from .progress import ProgressEvent
 from .generate import GenerationResponse, GenerationResult, Sampling, generate, stream_generate
 from .manifest import Manifest, Variant
 from .publish import list_variants, pull, push
@@ -37,6 +38,7 @@ __version__ = "0.1.0"
 __all__ = [
     "export",
     "ExportOptions",
+    "ProgressEvent",
     "read_manifest",
     "Manifest",
     "Variant",

@@ -15,7 +15,7 @@ from typing import TYPE_CHECKING, Callable
 
 from . import quantize, source as source_stage
 from .errors import VerificationError
-from .manifest import Variant, sha256_file
+from .manifest import Variant, Verification, sha256_file
 from .options import variant_filename
 from .patches import release_memory
 
@@ -25,7 +25,7 @@ if TYPE_CHECKING:
     from .options import ExportOptions
     from .verify import Reference
 
-Progress = Callable[[str], None]
+Say = Callable[..., None]  # (message, stage, variant): a hub_export.progress.Tracker, or a worker's relay
 
 
 def _text_config(config):
@@ -90,12 +90,6 @@ def detach_from(model: "torch.nn.Module", original: "torch.nn.Module") -> None:
                 module._parameters[name] = torch.nn.Parameter(param.detach().clone(), requires_grad=False)
 
 
-def _kind(qmode: str) -> str:
-    if qmode == "fp32":
-        return "fp32"
-    return "dynamic" if qmode.startswith("8da") else "weight_only"
-
-
 @dataclass
 class RunState:
     """State shared by the variants of one export run."""
@@ -106,7 +100,7 @@ class RunState:
     max_seq_len: int
     workdir: Path
     reference: "Reference | None"
-    say: Progress
+    say: Say
     variants: list[Variant] = field(default_factory=list)
 
 
@@ -123,7 +117,7 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     opts = run.options
     name = variant_filename(qmode, opts.qembedding)
     started = time.perf_counter()
-    run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})")
+    run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})", "quantize", name)
     model = weight_sharing_copy(run.model)
     fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings)
     expected = expected_logits(model, run.reference) if run.reference is not None else None
@@ -135,7 +129,8 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
         detach_from(model, run.model)
         run.model = None
     release_memory()
-    run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})")
+    run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})", "export",
+            name)
     program = export_program(ExportableDecoder(model, run.max_seq_len))
     bos, eos = token_ids(model)
     metadata = runner_metadata(
@@ -145,7 +140,7 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
         vocab_size=_text_config(model.config).vocab_size,
         dynamic_shape=is_dynamic(program),
     )
-    run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)")
+    run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)", "lower", name)
     path = run.workdir / name
     data_path = path.with_suffix(".ptd") if opts.share_embeddings else None
     to_pte(program, metadata, path, data_path)
@@ -155,11 +150,11 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     release_memory()
     seconds = time.perf_counter() - started
 
-    verification: dict = {"skipped": True}
+    verification = Verification.skipped_record()
     if expected is not None:
-        run.say(f"[{name}] verifying against eager and in TextLLMRunner")
-        result = verify(path, expected, run.reference, run.src.path / "tokenizer.json", _kind(qmode))
-        verification = result.to_dict()
+        run.say(f"[{name}] verifying against eager and in TextLLMRunner", "verify", name)
+        verification = verify(path, expected, run.reference, run.src.path / "tokenizer.json", quantize.QMODES[qmode].tolerance)
+        result = verification
         if not result.passed:
             raise VerificationError(f"{name} failed verification: {result.failure}")
     grouped = quantize.QMODES[qmode].grouped

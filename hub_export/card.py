@@ -19,8 +19,9 @@ from typing import Any, Mapping
 
 import yaml
 
+from . import quantize
 from .errors import InputError, opt
-from .manifest import Manifest, Variant
+from .manifest import Manifest, Quality, Variant
 
 CARD_NAME = "README.md"
 DEFAULT_TEMPLATE = "model_card.md.j2"
@@ -226,28 +227,23 @@ def _figure(value: Any, spec: str = ".3g") -> str:
     return "n/a" if value is None else format(value, spec)
 
 
-def quality_cell(quality: Any) -> str:
+def quality_cell(quality: Quality | None) -> str:
     """``35.3 (1.71x fp32)``: the variant's perplexity on the evaluation text and its ratio to fp32's."""
-    if not isinstance(quality, Mapping) or not all(
-        isinstance(quality.get(k), (int, float)) for k in ("perplexity", "ratio")
-    ):
-        return "n/a"
-    return f"{quality['perplexity']:.1f} ({quality['ratio']:.2f}x fp32)"
-
+    return quality.cell() if quality is not None else "n/a"
 
 
 def _quality_text(variants: list[Variant]) -> dict[str, Any] | None:
     for variant in variants:
-        quality = (variant.verification or {}).get("quality")
-        if isinstance(quality, Mapping) and isinstance(quality.get("fp32_perplexity"), (int, float)):
-            return {"name": quality.get("text"), "tokens": quality.get("tokens"),
-                    "fp32_perplexity": f"{quality['fp32_perplexity']:.1f}"}
+        quality = variant.verification.quality
+        if quality is not None and quality.fp32_perplexity is not None:
+            return {"name": quality.text, "tokens": quality.tokens, "fp32_perplexity": f"{quality.fp32_perplexity:.1f}"}
     return None
 
 
-def _variant_view(variant: Variant) -> dict[str, Any]:
-    check = variant.verification or {}
-    skipped = bool(check.get("skipped"))
+def variant_facts(variant: Variant) -> dict[str, Any]:
+    """A variant's facts as displayed text: the one wording of the card, ``hub-export ls`` and the Space's table."""
+    check = variant.verification
+    quality = check.quality
     return {
         "file": variant.file,
         "data_file": variant.data_file,
@@ -258,14 +254,15 @@ def _variant_view(variant: Variant) -> dict[str, Any]:
         "max_seq_len": variant.max_seq_len,
         "sha256": variant.sha256,
         "eos_ids": list(variant.metadata.get("get_eos_ids", [])),
-        "verified": not skipped and bool(check.get("passed")),
-        "skipped": skipped,
-        "kl": "n/a" if skipped else _figure(check.get("mean_kl_vs_eager"), ".2g"),
-        "top1": "n/a" if skipped else _figure(check.get("top1_agreement"), ".0%"),
-        "quality": quality_cell(check.get("quality")),
-        "quality_top1": _figure((check.get("quality") or {}).get("top1"), ".0%"),
-        "prefill_tps": _figure(check.get("runner_prefill_tokens_per_s"), ".0f"),
-        "decode_tps": _figure(check.get("runner_decode_tokens_per_s"), ".0f"),
+        "verified": check.verified,
+        "skipped": check.skipped,
+        "verification": check.summary(),
+        "kl": "n/a" if check.skipped else _figure(check.mean_kl_vs_eager, ".2g"),
+        "top1": "n/a" if check.skipped else _figure(check.top1_agreement, ".0%"),
+        "quality": quality_cell(quality),
+        "quality_top1": _figure(quality.top1 if quality else None, ".0%"),
+        "prefill_tps": _figure(check.speed("prefill"), ".0f"),
+        "decode_tps": _figure(check.speed("decode"), ".0f"),
     }
 
 
@@ -284,7 +281,7 @@ def card_context(
 ) -> dict[str, Any]:
     """Everything the template may use, already formatted (templates stay logic-free)."""
     source = manifest.source
-    variants = [_variant_view(v) for v in manifest.variants]
+    variants = [variant_facts(v) for v in manifest.variants]
     card_data = card_metadata(manifest, source_card_data)
     base = base_model(manifest)
     return {
@@ -306,6 +303,7 @@ def card_context(
         "chat": bool(source.get("chat_template")),
         "repo_id": repo_id,
         "variants": variants,
+        "qmodes": [quantize.QMODES[mode] for mode in dict.fromkeys(v.qmode for v in manifest.variants)],
         "first": variants[0] if variants else None,
         "machine": manifest.machine or "an unrecorded machine",
         "commands": reproduce_commands(manifest),

@@ -40,7 +40,8 @@ def _stages(title: str):
 
         def say(message: str) -> None:
             err.print(f"[dim]{time.perf_counter() - started:7.1f}s[/dim]  {escape(message)}", soft_wrap=True)
-            status.update(f"{escape(message)} ...")
+            step = f"[{message.done}/{message.total}] " if getattr(message, "total", 0) else ""
+            status.update(f"{step}{escape(message)} ...")
 
         yield say
 
@@ -50,17 +51,8 @@ def variants_table(manifest) -> Table:
     for column in ("variant", "size", "verification", "time"):
         table.add_column(column, justify="left" if column in ("variant", "verification") else "right")
     for v in manifest.variants:
-        table.add_row(v.file, human_size(v.total_bytes), verification_summary(v.verification), f"{v.export_seconds:.0f} s")
+        table.add_row(v.file, human_size(v.total_bytes), v.verification.line(), f"{v.export_seconds:.0f} s")
     return table
-
-
-def verification_summary(check: dict) -> str:
-    from .manifest import describe_quality, describe_verification
-
-    if check.get("skipped"):
-        return "skipped (--no-verify)"
-    quality = describe_quality(check)
-    return f"ok: {describe_verification(check)}" + (f"; {quality}" if quality else "")
 
 
 def _cli_type(spec) -> Any:
@@ -273,22 +265,9 @@ def push_command(
         quiet_torch()
     with _stages(f"pushing {source or from_dir}") as say:
         result = push(
-            source,
-            repo_id,
-            options,
-            from_dir=from_dir,
-            output_dir=output,
-            branch=branch,
-            private=private,
-            create_pr=create_pr,
-            dry_run=dry_run,
-            exist_ok=exist_ok,
-            template=template,
-            source_card=source_card,
-            force=force,
-            token=token,
-            endpoint=endpoint,
-            progress=say,
+            source, repo_id, options, from_dir=from_dir, output_dir=output, branch=branch, private=private,
+            create_pr=create_pr, dry_run=dry_run, exist_ok=exist_ok, template=template, source_card=source_card,
+            force=force, token=token, endpoint=endpoint, progress=say,
         )
     if dry_run:
         out.print(_files_table(result))
@@ -307,7 +286,7 @@ def ls_command(
     token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
 ):
     """List the variants of a published repo: size, context, verification, speed."""
-    from .card import quality_cell
+    from .card import variant_facts
     from .publish import list_variants
 
     manifest = list_variants(repo_id, endpoint=endpoint, token=token, revision=revision)
@@ -318,35 +297,20 @@ def ls_command(
     table.add_column("perplexity", no_wrap=True)
     table.add_column("verified vs eager")
     table.add_column("tok/s", justify="right", no_wrap=True)
-    for v in manifest.variants:
-        check = v.verification
-        speed = check.get("runner_decode_tokens_per_s")
+    for variant in manifest.variants:
+        facts = variant_facts(variant)
+        decode = facts["decode_tps"]
         table.add_row(
-            v.file,
-            human_size(v.total_bytes),
-            str(v.max_seq_len),
-            escape(quality_cell(check.get("quality"))),
-            escape(_verified_text(check).removesuffix(" vs eager")),
-            f"{speed:.0f}" if _is_number(speed) and speed > 0 else "-",
+            variant.file, facts["size"], str(variant.max_seq_len), escape(facts["quality"]),
+            escape(facts["verification"].removesuffix(" vs eager")), "-" if decode == "n/a" else decode,
         )
     out.print(table)
-    qualities = [v.verification.get("quality") for v in manifest.variants if isinstance(v.verification.get("quality"), dict)]
+    qualities = [v.verification.quality for v in manifest.variants if v.verification.quality is not None]
     if qualities:
-        out.print(f"[dim]perplexity: on {qualities[0].get('tokens')} tokens of English text, through the .pte; "
+        out.print(f"[dim]perplexity: on {qualities[0].tokens} tokens of English text, through the .pte; "
                   "in brackets, its ratio to the fp32 model's[/dim]")
     if manifest.machine:
         out.print(f"[dim]tok/s: decode speed of the ExecuTorch runner at export, on {escape(manifest.machine)}[/dim]")
-
-
-def _is_number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
-
-
-def _verified_text(check: dict) -> str:
-    """``ls``'s verification cell; a repo's manifest may lack figures (it is not ours to trust)."""
-    from .manifest import describe_verification
-
-    return describe_verification(check)
 
 
 @app.command("pull", epilog="Example:\n\n  hub-export pull alice/SmolLM2-135M-ExecuTorch --variant 8da4w -o smollm2")

@@ -22,6 +22,7 @@ from .errors import InputError, opt
 from .manifest import Manifest, machine_description, package_versions
 from .options import DEFAULT_QUALITY_TOKENS, ExportOptions, options_with, variant_filename
 from .patches import map_large_allocations, release_memory
+from .progress import Callback, Tracker, tracker
 from .workers import VariantJob, export_in_workers, usable_cpus, worker_count
 
 log = logging.getLogger(__name__)
@@ -91,7 +92,7 @@ def _declared_source(source: str, options: ExportOptions) -> dict[str, str]:
     if "base_model" in declared and not (is_local or is_gguf):
         raise InputError(
             f"{opt('base_model')} is for local folders and GGUF files; {source} is a Hub repo, which the card links as its "
-            f"base model already: drop {opt('base_model')}"
+            f"base model already: drop {opt('base_model')}", param="base_model",
         )
     return declared
 
@@ -119,7 +120,7 @@ def export(
     overwrite: bool = False,
     cache_dir: str | Path | None = None,
     command: str | None = None,
-    progress: Progress | None = None,
+    progress: Callback | Tracker | None = None,
     **option_values: Any,
 ) -> Manifest:
     """Export ``source`` to verified ExecuTorch ``.pte`` variants in ``output_dir``.
@@ -133,7 +134,7 @@ def export(
     ``gguf_file`` reads the weights from that ``.gguf``; ``base_model``, ``license`` and
     ``model_name`` say what a local or GGUF source is, for the card. ``token``,
     ``endpoint`` and ``cache_dir`` say where the source comes from; ``progress``
-    receives one line per stage.
+    receives a :class:`~hub_export.progress.ProgressEvent` (a ``str``) per stage.
 
     Example:
         >>> manifest = export("HuggingFaceTB/SmolLM2-135M", "out", qmodes=["8da4w", "fp32"], max_seq_len=256)
@@ -142,7 +143,8 @@ def export(
     """
     options = options_with(options, option_values)
     declared = _declared_source(source, options)
-    say = progress or (lambda message: log.info(message))
+    say = tracker(progress, log.info)
+    say.expect((3 if options.verify else 2) + (4 if options.verify else 3) * len(options.qmodes))
     output_dir = Path(output_dir)
     resolved_len: dict[str, int] = {}
 
@@ -152,10 +154,10 @@ def export(
         if options.share_embeddings and not _ConfigView(config).tie_word_embeddings:
             raise InputError(
                 f"{source} does not tie its input and output embeddings, so {opt('share_embeddings')} has nothing to share; "
-                "drop the flag"
+                "drop the flag", param="share_embeddings",
             )
 
-    say(f"resolving {source}")
+    say(f"resolving {source}", "resolve")
     src = source_stage.resolve(
         source,
         revision=options.revision,
@@ -172,13 +174,14 @@ def export(
     map_large_allocations()
     workdir = _prepare_output(output_dir, overwrite)
     try:
-        say(f"loading {src.name} ({src.model_type})")
+        say(f"loading {src.name} ({src.model_type})", "load")
         model = load_model(src.path, options.trust_remote_code)
         reference = None
         if options.verify:
             from .verify import build_reference
 
-            say(f"computing the fp32 eager reference (prompt + {options.quality_tokens} tokens of evaluation text)")
+            say(f"computing the fp32 eager reference (prompt + {options.quality_tokens} tokens of evaluation text)",
+                "reference")
             reference = build_reference(model, src.path / "tokenizer.json", seq_len, options.quality_tokens,
                                         token_ids(model)[0])
         source_record = _source_record(src, model, declared)

@@ -12,7 +12,7 @@ import json
 import time
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Any, Callable, Iterator
 
 from .errors import InputError, opt
 
@@ -258,13 +258,13 @@ def generate(
     tokenizer_dir: str | Path,
     prompt: str,
     *,
-    max_new_tokens: int = 64,
-    sampling: Sampling | None = None,
-    chat: bool | None = None,
-    system: str | None = None,
     on_text: Callable[[str], None] | None = None,
+    **settings: Any,
 ) -> GenerationResult:
-    """Generate from ``prompt`` with a ``.pte`` (see :func:`stream_generate`); ``on_text`` receives text as it streams.
+    """Generate from ``prompt`` with a ``.pte`` and return the text and speed figures.
+
+    ``settings`` are :func:`stream_generate`'s (``max_new_tokens``, ``sampling``,
+    ``chat``, ``system``); ``on_text`` receives text as it streams.
 
     Example:
         >>> result = generate("out/model-8da4w.pte", "out", "Once upon a time", max_new_tokens=32,
@@ -274,8 +274,7 @@ def generate(
     """
     pieces: list[str] = []
     last = None
-    for last in stream_generate(pte_path, tokenizer_dir, prompt, max_new_tokens=max_new_tokens, sampling=sampling,
-                                chat=chat, system=system):
+    for last in stream_generate(pte_path, tokenizer_dir, prompt, **settings):
         if last.text:
             pieces.append(last.text)
             if on_text is not None:

@@ -86,7 +86,7 @@ def drop_provenance(program: torch.export.ExportedProgram) -> None:
     """Forget export-time node provenance (``meta["from_node"]``).
 
     Every lowering pass deep-copies each node's provenance chain and appends to it;
-    starting from empty chains saved 7% of lowering time on a 6-layer model. The
+    starting from empty chains makes lowering measurably faster. The
     ``.pte`` does not use them.
     """
     for node in program.graph_module.graph.nodes:

@@ -37,7 +37,7 @@ class Variant:
     size_bytes: int
     sha256: str
     metadata: dict[str, Any]
-    verification: dict[str, Any]
+    verification: "Verification"
     export_seconds: float
     per_channel_fallback: list[str] = field(default_factory=list)
     # With --share-embeddings the weights live in a companion ``.ptd`` data file.
@@ -49,6 +49,14 @@ class Variant:
     def total_bytes(self) -> int:
         """What a user downloads for this variant: the ``.pte`` and its data file."""
         return self.size_bytes + (self.data_size_bytes or 0)
+
+    def to_dict(self) -> dict[str, Any]:
+        return {**{f.name: getattr(self, f.name) for f in fields(self)}, "verification": self.verification.to_dict()}
+
+    @classmethod
+    def from_dict(cls, data: dict[str, Any]) -> "Variant":
+        """A variant from its (already schema-checked) JSON form."""
+        return cls(**{**data, "verification": Verification.from_dict(data["verification"])})
 
     def files(self) -> list[tuple[str, str]]:
         """``(file name, sha256)`` of every file of this variant."""
@@ -79,9 +87,14 @@ class Manifest:
         raise InputError(f"no variant {qmode!r} here; available: {known}")
 
     def to_dict(self) -> dict[str, Any]:
-        data = asdict(self)
-        data = {"schema_version": data.pop("schema_version"), **data}
-        return data
+        return {
+            "schema_version": self.schema_version,
+            "source": self.source,
+            "versions": self.versions,
+            "variants": [variant.to_dict() for variant in self.variants],
+            "command": self.command,
+            "machine": self.machine,
+        }
 
     def write(self, folder: Path) -> Path:
         path = Path(folder) / MANIFEST_NAME
@@ -96,7 +109,7 @@ class Manifest:
         fit the schema, e.g. a variant file name that is a path; ``where`` names the file.
         """
         check_manifest(data, where)
-        variants = [Variant(**v) for v in data["variants"]]
+        variants = [Variant.from_dict(v) for v in data["variants"]]
         return cls(
             source=data["source"],
             versions=data["versions"],
@@ -291,34 +304,164 @@ def machine_description() -> str:
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"
 
 
-def _number(value) -> bool:
-    return isinstance(value, (int, float)) and not isinstance(value, bool)
+# -- verification records -------------------------------------------------------------
+#
+# What verification measured, as objects. Written by hub_export.verify, read back from
+# folders and repos; a repo's manifest is not ours, so reading keeps only figures of the
+# right type and drops the rest. Every front end (CLI table, ``ls``, card, Space, commit
+# messages) words them through the methods below.
 
 
-def describe_verification(check: dict) -> str:
-    """One line for a variant's verification record, tolerant of missing figures (a repo's manifest is not ours).
+def _finite(value: Any) -> float | None:
+    ok = isinstance(value, (int, float)) and not isinstance(value, bool) and math.isfinite(value)
+    return float(value) if ok else None
+
+
+def _count(value: Any) -> int | None:
+    return value if _is_int(value) and value >= 0 else None
+
+
+def _rounded(value: Any) -> Any:
+    """Four significant digits; None for what JSON cannot hold (NaN, infinities)."""
+    if isinstance(value, float):
+        return float(f"{value:.4g}") if math.isfinite(value) else None
+    return value
+
+
+def _figure(value: float | None, spec: str) -> str:
+    return "n/a" if value is None else format(value, spec)
+
+
+@dataclass
+class Quality:
+    """A variant's quality on the shipped evaluation text, through the ``.pte``, against fp32 eager."""
+
+    text: str | None = None  # the evaluation text's file name
+    tokens: int | None = None  # predictions scored
+    perplexity: float | None = None
+    fp32_perplexity: float | None = None
+    ratio: float | None = None  # perplexity / fp32_perplexity
+    top1: float | None = None  # next-token agreement with fp32
+    kl: float | None = None  # mean KL from fp32
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Quality | None":
+        if not isinstance(data, dict):
+            return None
+        return cls(
+            text=data["text"] if isinstance(data.get("text"), str) else None,
+            tokens=_count(data.get("tokens")),
+            **{name: _finite(data.get(name)) for name in ("perplexity", "fp32_perplexity", "ratio", "top1", "kl")},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        return {name: _rounded(value) for name, value in asdict(self).items()}
+
+    def cell(self) -> str:
+        """``35.3 (1.71x fp32)``: perplexity and its ratio to fp32's (the card's and the tables' cell)."""
+        if self.perplexity is None or self.ratio is None:
+            return "n/a"
+        return f"{self.perplexity:.1f} ({self.ratio:.2f}x fp32)"
+
+    def summary(self) -> str | None:
+        """``ppl 33.7 (1.50x fp32), top-1 60%, KL 0.47``, or None without the figures."""
+        if self.perplexity is None or self.ratio is None:
+            return None
+        text = f"ppl {self.perplexity:.1f} ({self.ratio:.2f}x fp32)"
+        text += f", top-1 {self.top1:.0%}" if self.top1 is not None else ""
+        return text + (f", KL {self.kl:.2f}" if self.kl is not None else "")
+
+
+_VERIFICATION_FLOATS = (
+    "mean_kl_vs_eager", "top1_agreement", "top1_within_ties", "max_kl", "min_top1", "max_abs_diff", "relative_l2",
+    "quant_max_abs_diff_vs_fp32", "quant_relative_l2_vs_fp32", "quant_top1_vs_fp32",
+    "runner_prefill_tokens_per_s", "runner_decode_tokens_per_s",
+)
+
+
+@dataclass
+class Verification:
+    """What verifying one ``.pte`` found: the judge's figures against eager, the runner's speed, the quality.
 
     Example:
-        >>> describe_verification({"passed": True, "mean_kl_vs_eager": 0.024, "top1_agreement": 0.88})
+        >>> Verification(passed=True, mean_kl_vs_eager=0.024, top1_agreement=0.88).summary()
         'KL 0.024, top-1 88% vs eager'
+        >>> Verification.skipped_record().summary()
+        'not verified'
     """
-    if not isinstance(check, dict) or check.get("skipped"):
-        return "not verified"
-    kl, top1 = check.get("mean_kl_vs_eager"), check.get("top1_agreement")
-    parts = ([f"KL {kl:.2g}"] if _number(kl) else []) + ([f"top-1 {top1:.0%}"] if _number(top1) else [])
-    if not parts and _number(check.get("max_abs_diff")):  # a manifest from before the KL judge
-        parts = [f"diff {check['max_abs_diff']:.2g}"]
-    return (", ".join(parts) + " vs eager") if parts else "unknown (the manifest lacks its figures)"
 
+    passed: bool = False
+    skipped: bool = False  # exported with --no-verify
+    positions: int | None = None  # runtime positions compared with eager (prompt + evaluation text)
+    mean_kl_vs_eager: float | None = None
+    top1_agreement: float | None = None  # exact argmax agreement
+    top1_within_ties: float | None = None  # what the judge uses: near-ties count as agreement
+    max_kl: float | None = None
+    min_top1: float | None = None
+    max_abs_diff: float | None = None  # over the prompt sequence
+    relative_l2: float | None = None
+    quant_max_abs_diff_vs_fp32: float | None = None
+    quant_relative_l2_vs_fp32: float | None = None
+    quant_top1_vs_fp32: float | None = None
+    runner_generated_tokens: int | None = None
+    runner_prefill_tokens_per_s: float | None = None
+    runner_decode_tokens_per_s: float | None = None
+    failure: str | None = None
+    quality: Quality | None = None
 
-def describe_quality(check: dict) -> str | None:
-    """``ppl 33.7 (1.50x fp32), top-1 60%, KL 0.47`` from ``verification.quality``, or ``None``."""
-    quality = check.get("quality") if isinstance(check, dict) else None
-    if not isinstance(quality, dict) or not all(_number(quality.get(k)) for k in ("perplexity", "ratio")):
-        return None
-    text = f"ppl {quality['perplexity']:.1f} ({quality['ratio']:.2f}x fp32)"
-    if _number(quality.get("top1")):
-        text += f", top-1 {quality['top1']:.0%}"
-    if _number(quality.get("kl")):
-        text += f", KL {quality['kl']:.2f}"
-    return text
+    @classmethod
+    def skipped_record(cls) -> "Verification":
+        return cls(skipped=True)
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "Verification":
+        """The record from its JSON form; figures of the wrong type (a hostile repo) are dropped."""
+        if not isinstance(data, dict):
+            return cls()
+        if data.get("skipped") is True:
+            return cls.skipped_record()
+        return cls(
+            passed=data.get("passed") is True,
+            positions=_count(data.get("positions")),
+            runner_generated_tokens=_count(data.get("runner_generated_tokens")),
+            failure=data["failure"][:300] if isinstance(data.get("failure"), str) else None,
+            quality=Quality.from_dict(data.get("quality")),
+            **{name: _finite(data.get(name)) for name in _VERIFICATION_FLOATS},
+        )
+
+    def to_dict(self) -> dict[str, Any]:
+        if self.skipped:
+            return {"skipped": True}
+        data = {name: _rounded(value) for name, value in asdict(self).items() if name not in ("skipped", "quality")}
+        data["quality"] = self.quality.to_dict() if self.quality is not None else None
+        return data
+
+    @property
+    def verified(self) -> bool:
+        """Checked and passed: what may be published."""
+        return self.passed and not self.skipped
+
+    def summary(self) -> str:
+        """``KL 0.024, top-1 88% vs eager``, tolerant of missing figures."""
+        if self.skipped:
+            return "not verified"
+        kl, top1 = self.mean_kl_vs_eager, self.top1_agreement
+        parts = ([f"KL {kl:.2g}"] if kl is not None else []) + ([f"top-1 {top1:.0%}"] if top1 is not None else [])
+        if not parts and self.max_abs_diff is not None:  # a manifest from before the KL judge
+            parts = [f"diff {self.max_abs_diff:.2g}"]
+        return (", ".join(parts) + " vs eager") if parts else "unknown (the manifest lacks its figures)"
+
+    def quality_cell(self) -> str:
+        return self.quality.cell() if self.quality is not None else "n/a"
+
+    def line(self) -> str:
+        """``verified KL …, top-1 … vs eager; ppl … (…x fp32), …``: one line for logs, tables and commits."""
+        if self.skipped:
+            return "skipped (--no-verify)"
+        quality = self.quality.summary() if self.quality is not None else None
+        return f"verified {self.summary()}" + (f"; {quality}" if quality else "")
+
+    def speed(self, stage: str) -> float | None:
+        """The runner's measured ``prefill`` or ``decode`` tokens/s at export, if it measured one."""
+        value = self.runner_prefill_tokens_per_s if stage == "prefill" else self.runner_decode_tokens_per_s
+        return value if value is not None and value > 0 else None

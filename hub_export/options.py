@@ -115,7 +115,7 @@ class ExportOptions:
                 raise InputError(
                     f"{opt('share_embeddings')} needs {opt('qembedding')} 8w and qmodes among "
                     f"{', '.join(quantize.SHAREABLE_QMODES)} (the output projection must be 8-bit per row like the "
-                    f"table){'; drop ' + ', '.join(others) if others else ''}"
+                    f"table){'; drop ' + ', '.join(others) if others else ''}", param="share_embeddings",
                 )
         quantize.validate(list(self.qmodes), self.qembedding, self.group_size)
         if self.max_seq_len is not None and self.max_seq_len < 2:

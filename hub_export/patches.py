@@ -11,9 +11,11 @@ benchmarks, then widen the versions below.
 from __future__ import annotations
 
 import contextlib
+import functools
 import logging
 from dataclasses import dataclass
 from importlib import metadata
+from typing import Any, Callable, Iterator
 
 import torch
 
@@ -48,6 +50,28 @@ class Patch:
 _announced: set[str] = set()
 
 
+def guarded(name: str, package: str, versions: tuple[str, ...], upstream: str, without: str, otherwise: Any = None):
+    """Make a generator a context manager that applies its patch only on the versions it was made for.
+
+    Elsewhere the context manager yields ``otherwise`` and changes nothing, after saying so once.
+    """
+    patch = Patch(name, package, versions, upstream, without)
+
+    def decorate(generator: Callable[..., Iterator]) -> Callable[..., contextlib.AbstractContextManager]:
+        @contextlib.contextmanager
+        @functools.wraps(generator)
+        def applied_on_known_versions(*args, **kwargs):
+            if not patch.applies():
+                yield otherwise
+                return
+            yield from generator(*args, **kwargs)
+
+        applied_on_known_versions.patch = patch
+        return applied_on_known_versions
+
+    return decorate
+
+
 def _version(package: str) -> str | None:
     try:
         return metadata.version(package)
@@ -55,32 +79,6 @@ def _version(package: str) -> str | None:
         return None
 
 
-RMSNORM_4D = Patch(
-    "rmsnorm-4d", "transformers", ("5.",), "the forward of Llama-style RMSNorm modules (variance_epsilon)",
-    "norms stay outside XNNPACK and split every layer's delegate (slower decode)",
-)
-ROTATE_HALF = Patch(
-    "rotate-half", "transformers", ("5.",), "the modeling modules' global rotate_half",
-    "the rotary slices stay outside XNNPACK and split every layer's delegate (slower decode)",
-)
-COMPILED_GLOBALS = Patch(
-    "compiled-globals", "torch", ("2.13.",), "torch._dynamo.functional_export's __compiled_fn_* globals",
-    "each variant's traced graph stays in memory until the run ends",
-)
-DEPENDENCY_VIEWERS = Patch(
-    "dependency-viewers", "executorch", ("1.5.",),
-    "torch.fx.passes.infra.partitioner._DependencyViewer and ExecuTorch's group_partitioner._DependencyViewer",
-    "partitioning holds about 800 MB more on a 30-layer model",
-)
-IDLE_XNNPACK_PASSES = Patch(
-    "idle-xnnpack-passes", "executorch", ("1.5.",), "executorch.backends.xnnpack._passes.XNNPACKPassManager.transform",
-    "every XNNPACK preprocess pass re-traces each partition (lowering 20-30% slower)",
-)
-TRACING_CACHES = Patch(
-    "tracing-caches", "executorch", ("1.5.",),
-    "FakeTensorMode's dispatch cache, exir.backend.utils.is_same_node's lru_cache and torch.fx's source cache",
-    "lowered programs stay referenced until the process exits (more memory in multi-variant runs)",
-)
 
 
 # -- glibc: hand freed memory back to the OS ---------------------------------------------
@@ -104,9 +102,9 @@ def map_large_allocations(threshold: int = 1 << 20) -> None:
 
     By default glibc raises its mmap threshold to the size of each block freed (up to
     32 MiB), after which tensor temporaries come from the heap, where freed memory stays
-    resident. A fixed threshold returns them to the OS as soon as they are freed. On the
-    SmolLM2-135M shape the quantization peak went from 1337-1581 MiB (varying run to run)
-    to 1324-1343 MiB. A no-op where the C library is not glibc.
+    resident. A fixed threshold returns them to the OS as soon as they are freed, which
+    makes the quantization peak lower and steadier from run to run. A no-op where the C
+    library is not glibc.
     """
     try:
         import ctypes
@@ -136,16 +134,14 @@ def _rmsnorm_4d(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return self.weight * x.reshape(shape).to(input_dtype)
 
 
-@contextlib.contextmanager
+@guarded("rmsnorm-4d", "transformers", ("5.",), upstream="the forward of Llama-style RMSNorm modules (variance_epsilon)",
+         without="norms stay outside XNNPACK and split every layer's delegate (slower decode)", otherwise=0)
 def delegable_norms(model: torch.nn.Module):
     """Temporarily route Llama-style RMSNorms through an XNNPACK-friendly formulation.
 
     Same arithmetic, different shapes; scoped to the export so the eager model used as
     the verification reference keeps its own code.
     """
-    if not RMSNORM_4D.applies():
-        yield 0
-        return
     patched = []
     for module in model.modules():
         if type(module).__name__ in LLAMA_STYLE_RMSNORMS and hasattr(module, "variance_epsilon"):
@@ -158,7 +154,8 @@ def delegable_norms(model: torch.nn.Module):
             del module.forward
 
 
-@contextlib.contextmanager
+@guarded("rotate-half", "transformers", ("5.",), upstream="the modeling modules' global rotate_half",
+         without="rotary slices stay outside XNNPACK, splitting every layer's delegate (slower decode)", otherwise=False)
 def delegable_rotary(wrapped):
     """Temporarily swap ``rotate_half`` in the model's modeling module (export only).
 
@@ -167,9 +164,6 @@ def delegable_rotary(wrapped):
     is exact (one non-zero term per output) and stays inside XNNPACK. The weight is a
     buffer of the wrapper so that export sees a static parameter.
     """
-    if not ROTATE_HALF.applies():
-        yield False
-        return
     import sys
 
     module = sys.modules.get(type(wrapped.model).__module__)
@@ -195,7 +189,8 @@ def delegable_rotary(wrapped):
 # -- torch and ExecuTorch: lowering speed and memory ---------------------------------------
 
 
-@contextlib.contextmanager
+@guarded("compiled-globals", "torch", ("2.13.",), upstream="torch._dynamo.functional_export's __compiled_fn_* globals",
+         without="each variant's traced graph stays in memory until the run ends")
 def forget_compiled_globals():
     """Remove the ``__compiled_fn_*`` globals strict export leaves behind.
 
@@ -204,9 +199,6 @@ def forget_compiled_globals():
     model's (quantized) weights as constants, so in a multi-variant run every variant
     stayed resident (found with ``gc.get_referrers``).
     """
-    if not COMPILED_GLOBALS.applies():
-        yield
-        return
     try:
         from torch._dynamo import functional_export as traced_module
     except ImportError:  # another torch layout: nothing known to clean
@@ -254,9 +246,9 @@ class CompactDependencyViewer:
 
     torch's ``CapabilityBasedPartitioner`` and ExecuTorch's ``GroupBasedPartitioner``
     each precompute every node's transitive downstream (and upstream) nodes as Python
-    sets. On the 30-layer SmolLM2-135M graph those sets briefly took ~800 MB, the
-    largest single allocation of the whole export. The same relation as bitsets takes
-    a few MB, and both partitioners only iterate it.
+    sets, quadratic in the graph's size: on a 30-layer decoder the largest single
+    allocation of the whole export. The same relation as bitsets takes a few MB, and
+    both partitioners only iterate it.
     """
 
     def __init__(self, graph_module: torch.fx.GraphModule):
@@ -286,12 +278,10 @@ class CompactDependencyViewer:
         return _NodeBits(self._upstream.get(node, 0), self._nodes, self._index)
 
 
-@contextlib.contextmanager
+@guarded("dependency-viewers", "executorch", ("1.5.",), upstream="the partitioners' _DependencyViewer",
+         without="partitioning holds far more memory on large graphs")
 def compact_dependency_viewers():
     """Use :class:`CompactDependencyViewer` in torch's and ExecuTorch's partitioners meanwhile."""
-    if not DEPENDENCY_VIEWERS.applies():
-        yield
-        return
     import importlib
 
     patched = []
@@ -354,22 +344,18 @@ def _graph_op_names(graph: torch.fx.Graph) -> set[str]:
     return {getattr(node.target, "__name__", str(node.target)) for node in graph.nodes if node.op == "call_function"}
 
 
-@contextlib.contextmanager
+@guarded("idle-xnnpack-passes", "executorch", ("1.5.",), upstream="executorch's XNNPACKPassManager.transform",
+         without="every XNNPACK preprocess pass re-traces each partition (slower lowering)")
 def skipping_idle_xnnpack_passes():
     """Meanwhile, XNNPACK's preprocess skips passes that cannot change the partition at hand.
 
     Every pass ends by re-tracing the whole partition under FakeTensor, whether or not
     it found anything to rewrite. A decoder's partitions hold no convolution, batch
     norm, upsampling, PReLU, concatenation, matmul or decomposed SDPA, so 10 to 11 of
-    the 17 passes would only re-trace. Skipping them took ``to_pte`` from 38.4 s to
-    26.9 s (-30%) for 8da4w and from 17.0 s to 13.5 s (-21%) for 4w on a 6-layer
-    SmolLM2-shaped model, with byte-identical ``.pte`` files (tests/test_lower.py
-    checks the bytes). Triggers are checked on the graph as it is when each pass's turn
+    the 17 passes would only re-trace; skipping them makes lowering markedly faster with
+    byte-identical ``.pte`` files (tests/test_lower.py checks the bytes). Triggers are checked on the graph as it is when each pass's turn
     comes, so ops an earlier pass introduces are seen.
     """
-    if not IDLE_XNNPACK_PASSES.applies():
-        yield
-        return
     from executorch.backends.xnnpack import _passes as xnnpack_passes
     from executorch.exir.pass_base import ExportPass
     from executorch.exir.program._program import _transform
@@ -401,7 +387,8 @@ def skipping_idle_xnnpack_passes():
         manager.transform = original
 
 
-@contextlib.contextmanager
+@guarded("tracing-caches", "executorch", ("1.5.",), upstream="FakeTensorMode, is_same_node and torch.fx source caches",
+         without="lowered programs stay referenced until the process exits (more memory in multi-variant runs)")
 def forgetting_tracing_caches():
     """On exit, drop what process-wide tracing caches still hold of the program lowered inside.
 
@@ -414,9 +401,6 @@ def forgetting_tracing_caches():
       ``linecache``), and lowering recompiles the graph after most passes; entries
       created inside belong to graphs that are gone.
     """
-    if not TRACING_CACHES.applies():
-        yield
-        return
     import linecache
 
     from executorch.exir.backend import utils as backend_utils

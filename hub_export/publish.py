@@ -23,8 +23,9 @@ from typing import Any, Callable, Iterator, Sequence
 
 from . import card as card_module
 from .errors import HubError, InputError, VerificationError, opt
-from .manifest import MANIFEST_NAME, Manifest, Variant, describe_quality, describe_verification, sha256_file
+from .manifest import MANIFEST_NAME, Manifest, Variant, sha256_file
 from .options import ExportOptions, options_with
+from .progress import Callback, Tracker, tracker
 from .quantize import QMODES
 from .hub import LOGIN_HINT, hub_errors, not_logged_in, resolve_endpoint, resolve_token
 from .source import CONFIG_FILES, TOKENIZER_FILES
@@ -207,8 +208,7 @@ def _check_folder(folder: Path, manifest: Manifest) -> None:
     if not manifest.variants:
         raise InputError(f"{folder.name}/{MANIFEST_NAME} lists no variant; export into it with `hub-export export`")
     for variant in manifest.variants:
-        check = variant.verification or {}
-        if check.get("skipped") or not check.get("passed"):
+        if not variant.verification.verified:
             raise VerificationError(
                 f"{variant.file} was not verified (exported with --no-verify); export it again with verification "
                 "before publishing"
@@ -331,11 +331,7 @@ def _commit_message(variants: Sequence[Variant]) -> str:
 def _commit_description(local: Manifest, merged: Manifest) -> str:
     lines = [f"Exported from {local.source.get('id')} with hub-export {local.versions.get('hub-export', '')}."]
     for v in local.variants:
-        quality = describe_quality(v.verification)
-        lines.append(
-            f"- {v.file}: verified {describe_verification(v.verification)}"
-            + (f"; {quality}" if quality else "") + f"; max context {v.max_seq_len}"
-        )
+        lines.append(f"- {v.file}: {v.verification.line()}; max context {v.max_seq_len}")
     lines.append(f"Variants in the repo after this commit: {', '.join(v.file for v in merged.variants)}.")
     return "\n".join(lines)
 
@@ -361,7 +357,7 @@ def push(
     token: str | None = None,
     endpoint: str | None = None,
     cache_dir: str | Path | None = None,
-    progress: Progress | None = None,
+    progress: Callback | Tracker | None = None,
     **option_values: Any,
 ) -> PushResult:
     """Export ``source`` (or take the export in ``from_dir``) and publish it in one commit.
@@ -389,7 +385,8 @@ def push(
 
     options = options_with(options, option_values)
     _check_push_arguments(source, from_dir, output_dir, template)
-    say = progress or (lambda message: log.info(message))
+    say = tracker(progress, log.info)
+    say.expect(2)  # checking the repo, uploading; the export adds its own steps
     endpoint = resolve_endpoint(endpoint)
     token = resolve_token(token)
     if token is None and not dry_run:
@@ -405,7 +402,7 @@ def push(
     repo_id = _target_repo(api, repo_id, source_name or Path(source or ".").resolve().name, token, endpoint)
     if branch is not None:
         _check_branch(branch)
-    say(f"checking {repo_id} on {endpoint}")
+    say(f"checking {repo_id} on {endpoint}", "check")
     remote = _remote_state(api, repo_id, branch, endpoint)
     if remote.is_foreign and not exist_ok:
         raise InputError(
@@ -466,14 +463,14 @@ def _already_built(remote: Manifest, source: str | None, options: ExportOptions,
         variant = by_file.get(name)
         if variant is None or variant.qmode != qmode:
             return []
-        check = variant.verification or {}
-        quality = check.get("quality") or {}
+        check = variant.verification
+        scored = check.quality is not None and (check.quality.tokens or 0) > 0
         same = (
-            check.get("passed") is True
+            check.verified
             and (options.max_seq_len is None or variant.max_seq_len == options.max_seq_len)
             and (not QMODES[qmode].grouped or variant.group_size == options.group_size)
             and bool(variant.data_file) == options.share_embeddings
-            and (quality.get("tokens", 0) > 0) == (options.quality_tokens > 0)
+            and scored == (options.quality_tokens > 0)
         )
         if not same:
             return []
@@ -512,6 +509,36 @@ def _target_repo(api, repo_id: str | None, source_name: str, token: str | None, 
     if user is not None:
         _check_can_write(user, repo_id.split("/")[0], endpoint)
     return repo_id
+
+
+def target_repo(name: str, token: str | None, endpoint: str | None = None) -> str:
+    """``namespace/name`` for a repo name: a bare name goes to the token owner's namespace.
+
+    Example:
+        >>> target_repo("SmolLM2-135M-ExecuTorch", token)
+        'alice/SmolLM2-135M-ExecuTorch'
+    """
+    if "/" in name:
+        return check_repo_id(name)
+    from huggingface_hub import HfApi
+
+    endpoint = resolve_endpoint(endpoint)
+    if not token:
+        raise not_logged_in(endpoint)
+    user = _who(HfApi(endpoint=endpoint, token=token), endpoint)
+    return check_repo_id(f"{user['name']}/{name}")
+
+
+def read_card(repo_id: str, revision: str | None, token: str | None, endpoint: str | None = None,
+              local_dir: str | Path | None = None) -> str:
+    """The text of a repo's model card (README.md) at ``revision``."""
+    from huggingface_hub import hf_hub_download
+
+    endpoint = resolve_endpoint(endpoint)
+    with hub_errors(repo_id, endpoint, "read", token):
+        path = hf_hub_download(repo_id, CARD_NAME, revision=revision, endpoint=endpoint, token=token,
+                               local_dir=local_dir)
+    return Path(path).read_text(encoding="utf-8")
 
 
 def _source_name(source: str | None, gguf_file: str | None = None) -> str:
@@ -569,7 +596,7 @@ def _publish(
         if not changed:
             result.files = []
             return result
-        say(f"uploading {len(changed)} file(s) in one commit")
+        say(f"uploading {len(changed)} file(s) in one commit", "upload")
         operations = [CommitOperationAdd(path_in_repo=p, path_or_fileobj=_content(payload[p])) for p in changed]
         info = api.create_commit(
             repo_id,

@@ -33,6 +33,17 @@ class QMode:
     # worker pool starts the costliest variants first so the last one to finish is short.
     relative_cost: float = 1.0
 
+    @property
+    def tolerance(self) -> str:
+        """The verification thresholds that apply (hub_export.verify): ``fp32``, ``weight_only`` or ``dynamic``.
+
+        fp32 and weight-only files run the same float math as eager; dynamically quantized
+        activations are rounded by different int8 kernels in the runtime and in eager.
+        """
+        if self.weight_bits == 32:
+            return "fp32"
+        return "weight_only" if self.weight_only else "dynamic"
+
 
 def _torchao():
     from torchao.quantization import (
@@ -224,5 +235,5 @@ def validate(qmodes: list[str], qembedding: str | None, group_size: int) -> None
     if group_size <= 0 or group_size % 32:
         raise InputError(
             f"{opt('group_size')} must be a positive multiple of 32 (got {group_size}), as XNNPACK's int4 kernels require; "
-            "32 is typical"
+            "32 is typical", param="group_size",
         )

@@ -83,7 +83,7 @@ def _select_files(names: list[str], allow_pickle: bool, where: str) -> list[str]
         if not allow_pickle:
             raise InputError(
                 f"{where} only has pickle weights ({pickles[0]}), which can run code when loaded; "
-                f"pass {opt('allow_pickle')} if you trust the source"
+                f"pass {opt('allow_pickle')} if you trust the source", param="allow_pickle",
             )
         weights = pickles
     wanted = [n for n in names if n in CONFIG_FILES or n in TOKENIZER_FILES or n == CARD_FILE]
@@ -101,7 +101,8 @@ def check_safety(config: dict, where: str, trust_remote_code: bool) -> None:
     """Refuse remote code unless the user trusts it."""
     if config.get("auto_map") and not trust_remote_code:
         raise InputError(
-            f"{where} needs custom (remote) code to load; pass {opt('trust_remote_code')} only if you trust its author"
+            f"{where} needs custom (remote) code to load; pass {opt('trust_remote_code')} only if you trust its author",
+            param="trust_remote_code",
         )
 
 

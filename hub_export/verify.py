@@ -22,12 +22,13 @@ taken as one bucket, which bounds it from below and is exact when the tails agre
 from __future__ import annotations
 
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import dataclass, field
 from importlib import resources
 from pathlib import Path
 
 import torch
 
+from .manifest import Quality, Verification
 from .runtime import PteModel, runner_generate
 from .wrap import eager_attention
 
@@ -136,39 +137,6 @@ class Expected:
 
     prompt_logits: torch.Tensor
     text: TokenStats | None
-
-
-@dataclass
-class Verification:
-    """Figures from one verification run."""
-
-    passed: bool
-    positions: int  # runtime positions compared with eager (prompt + evaluation text)
-    mean_kl_vs_eager: float
-    top1_agreement: float  # exact argmax agreement
-    top1_within_ties: float  # what the judge uses: near-ties (TIE_NATS) count as agreement
-    max_kl: float
-    min_top1: float
-    max_abs_diff: float  # over the prompt sequence
-    relative_l2: float
-    quant_max_abs_diff_vs_fp32: float
-    quant_relative_l2_vs_fp32: float
-    quant_top1_vs_fp32: float
-    runner_generated_tokens: int
-    runner_prefill_tokens_per_s: float | None
-    runner_decode_tokens_per_s: float | None
-    failure: str | None = None
-    quality: dict | None = None  # text, tokens, perplexity, fp32_perplexity, ratio, top1, kl
-
-    def to_dict(self) -> dict:
-        def rounded(value):
-            if isinstance(value, float):
-                return float(f"{value:.4g}") if math.isfinite(value) else None
-            if isinstance(value, dict):
-                return {k: rounded(v) for k, v in value.items()}
-            return value
-
-        return {k: rounded(v) for k, v in asdict(self).items()}
 
 
 def eval_text() -> str:
@@ -324,18 +292,18 @@ def _runtime_text(pte: PteModel, windows: list[torch.Tensor], fp32: TokenStats |
                     stack(eager_gap), finite)
 
 
-def _quality(text_name: str, run: _TextRun, fp32: TokenStats) -> dict:
+def _quality(text_name: str, run: _TextRun, fp32: TokenStats) -> Quality:
     perplexity = math.exp(-run.target_lp.mean().item())
     fp32_perplexity = math.exp(-fp32.target_logprobs.mean().item())
-    return {
-        "text": text_name,
-        "tokens": int(run.target_lp.numel()),
-        "perplexity": perplexity,
-        "fp32_perplexity": fp32_perplexity,
-        "ratio": perplexity / fp32_perplexity,
-        "top1": (run.argmax == fp32.argmax).float().mean().item(),
-        "kl": float(kl_rows(fp32, run.fp32_top).mean()),
-    }
+    return Quality(
+        text=text_name,
+        tokens=int(run.target_lp.numel()),
+        perplexity=perplexity,
+        fp32_perplexity=fp32_perplexity,
+        ratio=perplexity / fp32_perplexity,
+        top1=(run.argmax == fp32.argmax).float().mean().item(),
+        kl=float(kl_rows(fp32, run.fp32_top).mean()),
+    )
 
 
 def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_json: Path, kind: str) -> Verification:

@@ -1,8 +1,8 @@
 """Workers: lower several variants at once, each in its own process.
 
 Lowering is single-threaded Python (FX passes interpreted under FakeTensor): a
-30-layer export keeps one core busy and leaves the others idle (measured: 38.8 s of
-CPU in 40.5 s of wall time). On a machine with N cores, N variants lower in about
+30-layer export keeps one core busy and leaves the others idle (its CPU time is
+nearly its wall time). On a machine with N cores, N variants lower in about
 the time of one, which is what makes a further variant cheaper than the first.
 
 Each worker is a *spawned* process, not a forked one: forking a process that has
@@ -128,7 +128,7 @@ def _work(job: VariantJob, messages) -> None:
         model = load_model(job.src.path, job.options.trust_remote_code)
         run = RunState(
             model, job.src, job.options, job.max_seq_len, job.workdir, job.reference,
-            say=lambda message: messages.put(("say", job.index, message)),
+            say=lambda *event: messages.put(("say", job.index, event)),
         )
         del model
         messages.put(("done", job.index, build_variant(run, job.qmode, last=True)))
@@ -139,7 +139,7 @@ def _work(job: VariantJob, messages) -> None:
 # --- in the parent -----------------------------------------------------------------
 
 
-def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[[str], None]) -> list["Variant"]:
+def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[..., None]) -> list["Variant"]:
     """Build ``jobs`` in at most ``workers`` processes at once; variants come back in job order.
 
     The first failure stops every other worker and is raised here, so the caller's
@@ -171,7 +171,7 @@ def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[[str],
                 continue
             kind, index, payload = message
             if kind == "say":
-                say(payload)
+                say(*payload)
             elif kind == "done":
                 results[index] = payload
                 running.pop(index).join()

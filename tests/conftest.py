@@ -6,6 +6,8 @@ exported folders are built once per session and shared.
 
 from __future__ import annotations
 
+import json
+import os
 import warnings
 from pathlib import Path
 
@@ -19,7 +21,6 @@ warnings.filterwarnings("ignore")
 @pytest.fixture(scope="session", autouse=True)
 def private_conversion_cache(tmp_path_factory):
     """GGUF conversions go to a session folder, never the user's cache."""
-    import os
 
     previous = os.environ.get("HUB_EXPORT_CACHE")
     os.environ["HUB_EXPORT_CACHE"] = str(tmp_path_factory.mktemp("hub-export-cache"))
@@ -44,7 +45,12 @@ def exported_multi(tmp_path_factory, tiny_model) -> Path:
     from hub_export.export import export
 
     out = tmp_path_factory.mktemp("exports") / "tiny-multi"
-    export(str(tiny_model), out, qmodes=["8da4w", "fp32"], qembedding="8w", max_seq_len=64, jobs=2)
+    events = []
+    export(str(tiny_model), out, qmodes=["8da4w", "fp32"], qembedding="8w", max_seq_len=64, jobs=2,
+           progress=events.append)
+    # Kept beside the folder for the progress test: the export's own stream, from two worker processes.
+    (out.parent / "tiny-multi-progress.json").write_text(
+        json.dumps([[str(e), e.stage, e.variant, e.done, e.total] for e in events]))
     return out
 
 

@@ -96,7 +96,7 @@ def _check_family(model_type: str, family_exports) -> None:
         assert check["passed"], check
         assert check["mean_kl_vs_eager"] <= check["max_kl"]
         assert check["runner_generated_tokens"] >= 1  # TextLLMRunner ran the file
-    assert manifest.variant("fp32").verification["max_abs_diff"] < 1e-3
+    assert manifest.variant("fp32").verification.max_abs_diff < 1e-3
 
 
 @pytest.mark.parametrize("model_type", sorted(FAST))

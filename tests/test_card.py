@@ -17,7 +17,7 @@ from typer.testing import CliRunner
 from hub_export.card import read_source_card, render_card, write_card
 from hub_export.cli import app
 from hub_export.errors import InputError
-from hub_export.manifest import Manifest, Variant, sha256_file
+from hub_export.manifest import Manifest, Variant, Verification, sha256_file
 
 ENDPOINT = "https://hub.example"
 SOURCE_CARD = """---
@@ -71,7 +71,7 @@ def _variant(qmode: str, *, verified: bool = True, qembedding: str | None = None
         size_bytes=235776,
         sha256="0" * 64,
         metadata={"get_max_seq_len": 64, "get_eos_ids": [0]},
-        verification=verification,
+        verification=Verification.from_dict(verification),
         export_seconds=24.3,
     )
 

@@ -6,6 +6,8 @@ import subprocess
 import sys
 from pathlib import Path
 
+import pytest
+
 ROOT = Path(__file__).resolve().parent.parent
 
 
@@ -42,3 +44,13 @@ def test_readme_quotes_the_benchmark_command_and_set_up_commands():
     text = (ROOT / "README.md").read_text()
     for command in ("make demo", "make test", "python -m benchmarks.bench_export"):
         assert command in text
+
+
+@pytest.mark.parametrize("module", ["errors", "redact", "options", "progress", "service", "manifest"])
+def test_docstring_examples_of_the_pure_modules_run(module):
+    """The examples in these modules' docstrings need no model and no network: they must stay true."""
+    import doctest
+    import importlib
+
+    result = doctest.testmod(importlib.import_module(f"hub_export.{module}"))
+    assert result.attempted > 0 and result.failed == 0

@@ -45,7 +45,7 @@ def test_manifest_records_what_a_user_needs(exported_multi):
         assert check["quality"]["tokens"] >= 2000 and check["quality"]["perplexity"] > 1
     assert manifest.variant("8da4w").group_size == 32 and manifest.variant("fp32").group_size is None
     # fp32 must match eager almost exactly; the quantized variant must be far smaller.
-    assert manifest.variant("fp32").verification["max_abs_diff"] < 1e-3
+    assert manifest.variant("fp32").verification.max_abs_diff < 1e-3
     assert manifest.variant("8da4w").size_bytes < 0.4 * manifest.variant("fp32").size_bytes
 
 
@@ -91,10 +91,24 @@ def test_static_graph_is_not_marked_dynamic(tiny_model, tmp_path):
     variant = manifest.variants[0]
     assert variant.metadata["enable_dynamic_shape"] is False
     assert variant.metadata["get_max_seq_len"] == 2
-    assert variant.verification["passed"] and variant.verification["max_abs_diff"] < 1e-3
+    assert variant.verification.passed and variant.verification.max_abs_diff < 1e-3
 
 
 # --- generation --------------------------------------------------------------------------
+
+
+def test_progress_is_a_stream_of_counted_stages(exported_multi):
+    """What the CLI's stage log and the Space's bar are drawn from, with the variants built in two workers."""
+    import json
+
+    events = json.loads((exported_multi.parent / "tiny-multi-progress.json").read_text())
+    steps = [(stage, variant, done, total) for _, stage, variant, done, total in events if stage != "note"]
+    assert [stage for stage, *_ in steps[:3]] == ["resolve", "load", "reference"]
+    for file in ("model-8da4w-emb8w.pte", "model-fp32-emb8w.pte"):
+        assert [stage for stage, variant, *_ in steps if variant == file] == ["quantize", "export", "lower", "verify"]
+    assert [done for _, _, done, _ in steps] == list(range(1, 12))  # every step counted once, in order
+    assert {total for *_, total in steps} == {11}  # 3 + 4 per variant, known from the start
+    assert all(message for message, *_ in events)
 
 
 def test_generate_streams_utf8_text_and_reports_speed(exported_multi):
@@ -150,7 +164,7 @@ def test_8da8w_and_grouped_fallback_with_4bit_embeddings(untied_odd_model, tmp_p
     with caplog.at_level("WARNING"):
         manifest = export(str(untied_odd_model), tmp_path / "out", qmodes=["8da8w", "8da4w"], qembedding="4w", max_seq_len=48)
     by_mode = {v.qmode: v for v in manifest.variants}
-    assert by_mode["8da8w"].verification["passed"] and by_mode["8da4w"].verification["passed"]
+    assert by_mode["8da8w"].verification.passed and by_mode["8da4w"].verification.passed
     assert by_mode["8da8w"].per_channel_fallback == []  # per-channel already
     fallback = by_mode["8da4w"].per_channel_fallback
     assert fallback and all(name.endswith("down_proj") for name in fallback)
@@ -206,7 +220,7 @@ def test_shared_embeddings_store_the_tied_table_once(exported_shared, tiny_model
     for name, digest in shared.files():
         assert sha256_file(exported_shared / name) == digest
     assert shared.data_size_bytes == (exported_shared / shared.data_file).stat().st_size
-    assert shared.verification["passed"] and shared.verification["runner_generated_tokens"] > 0
+    assert shared.verification.passed and shared.verification.runner_generated_tokens > 0
     assert "--share-embeddings" in Manifest.read(exported_shared).command
 
     single = export(str(tiny_model), tmp_path / "one-file", qmodes=["8da8w"], qembedding="8w", max_seq_len=64)
@@ -382,7 +396,7 @@ def test_export_from_the_hub_records_repo_and_commit(local_hub, hub_model, tmp_p
         token=local_hub.alice_token, cache_dir=tmp_path / "cache",
     )
     assert manifest.source["id"] == repo_id and manifest.source["revision"] == commit
-    assert manifest.variants[0].verification["passed"]
+    assert manifest.variants[0].verification.passed
     text = (tmp_path / "out" / "manifest.json").read_text()
     assert local_hub.alice_token not in text and str(tmp_path) not in text
 

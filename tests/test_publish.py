@@ -178,7 +178,7 @@ def test_push_of_a_source_exports_it_and_inherits_its_card(
     assert result.pushed and result.variants == ["model-fp32.pte"]
     manifest = list_variants(result.repo_id, endpoint=local_hub.endpoint)
     assert manifest.command == "hub-export export tiny-llama --qmode fp32 --max-seq-len 64"
-    assert manifest.variants[0].verification["passed"] is True
+    assert manifest.variants[0].verification.passed is True
     # No --source-card: license and language come from the source folder's README, and stay in the manifest.
     assert manifest.source["card_data"] == {"license": "apache-2.0", "language": ["en"]}
     assert ModelCard.load(result.repo_id).data.license == "apache-2.0"

@@ -20,7 +20,10 @@ from types import ModuleType
 
 import pytest
 
-from hub_export.errors import HubExportError
+from hub_export import service
+from hub_export.errors import HubError, HubExportError, InputError
+from hub_export.generate import Sampling
+from hub_export.manifest import Manifest
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
@@ -45,6 +48,9 @@ BROWSER_REPO = "alice/tiny-space-browser-ExecuTorch"
 
 def _load_space_app() -> ModuleType:
     """``space/app.py`` as a module (the Space folder is not a package: a Space runs ``app.py``)."""
+    # As on a Space (and with `python space/app.py`), the Space's folder is on sys.path: app.py imports layout.py.
+    if str(ROOT / "space") not in sys.path:
+        sys.path.insert(0, str(ROOT / "space"))
     spec = importlib.util.spec_from_file_location("hub_export_space_app", ROOT / "space" / "app.py")
     assert spec is not None and spec.loader is not None
     module = importlib.util.module_from_spec(spec)
@@ -54,6 +60,7 @@ def _load_space_app() -> ModuleType:
 
 
 space_app = _load_space_app()
+layout = sys.modules["layout"]
 
 
 def _free_port() -> int:
@@ -211,19 +218,19 @@ def test_preview_passes_chat_system_and_sampling_to_generate(
     exported: Exported, local_hub: LocalHubFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     calls: list[dict] = []
-    real_generate = space_app.generate
+    real_generate = service.stream_generate
 
     def spy(*args, **kwargs):
         calls.append(kwargs)
         return real_generate(*args, **kwargs)
 
-    monkeypatch.setattr(space_app, "generate", spy)
+    monkeypatch.setattr(service, "stream_generate", spy)
     jobs, token = _jobs(local_hub, tmp_path), local_hub.alice_token
 
     sampled = list(jobs.preview(REPO, "8da4w", "Hi", 6, True, " Be brief. ", 0.7, 0.9, 5, 1.1, 3, token))
     assert calls[-1]["chat"] is None  # ticked: the template when the model has one (the tiny model has)
     assert calls[-1]["system"] == "Be brief."
-    assert calls[-1]["sampling"] == space_app.Sampling(
+    assert calls[-1]["sampling"] == Sampling(
         temperature=0.7, top_p=0.9, top_k=5, repetition_penalty=1.1, seed=3
     )
     assert isinstance(calls[-1]["sampling"].top_k, int) and isinstance(calls[-1]["sampling"].seed, int)
@@ -231,7 +238,7 @@ def test_preview_passes_chat_system_and_sampling_to_generate(
 
     plain = list(jobs.preview(REPO, "8da4w", "Once upon a time", 6, False, "", *GREEDY, token))
     assert calls[-1]["chat"] is False and calls[-1]["system"] is None
-    assert calls[-1]["sampling"] == space_app.Sampling()  # greedy
+    assert calls[-1]["sampling"] == Sampling()  # greedy
     assert "chat template: not used" in plain[-1][1], plain[-1]
 
     # A system message without the template: the library's refusal, in the Space's words.
@@ -256,34 +263,6 @@ def test_bad_sampling_is_one_line_before_any_download(tmp_path: Path, local_hub:
         list(jobs.preview("alice/not-there", "", "Hi", 4, True, "", 0.0, 1.0, 2.5, 1.0, 0, ""))
 
 
-def test_variants_table_shows_quality_and_verification() -> None:
-    from hub_export.manifest import Manifest, Variant
-
-    def variant(qmode: str, verification: dict) -> Variant:
-        return Variant(
-            file=f"model-{qmode}.pte", qmode=qmode, qembedding=None, group_size=None, max_seq_len=64,
-            size_bytes=235776, sha256="0" * 64, metadata={}, verification=verification, export_seconds=1.0,
-        )  # fmt: skip
-
-    current = {
-        "passed": True, "mean_kl_vs_eager": 0.0238, "top1_agreement": 1.0, "top1_within_ties": 1.0,
-        "max_kl": 0.1, "min_top1": 0.8, "positions": 530, "max_abs_diff": 0.00406,
-        "runner_prefill_tokens_per_s": 2800.0, "runner_decode_tokens_per_s": 1500.0,
-        "quality": {"text": "eval_en.txt", "tokens": 2048, "perplexity": 33.68, "fp32_perplexity": 22.39,
-                    "ratio": 1.504, "top1": 0.604, "kl": 0.4685},
-    }  # fmt: skip
-    older = {"passed": True, "max_abs_diff": 0.00406, "tolerance": 0.05}  # a manifest from before quality and KL
-    manifest = Manifest(source={}, versions={}, variants=[variant("8da4w", current), variant("fp32", older)])
-    table = space_app.ExportView(rows=space_app.variant_rows(manifest, ["model-8da4w.pte"])).outputs()[3]
-    new, old = (dict(zip(table.columns, row)) for row in table.values.tolist())
-    assert new["perplexity (vs fp32)"] == "33.7 (1.50x fp32)"
-    assert new["verification"] == "KL 0.024, top-1 100% vs eager"
-    assert (new["this job"], new["verified"]) == ("yes", "yes")
-    assert (new["prefill tok/s"], new["decode tok/s"]) == ("2800", "1500")
-    assert old["perplexity (vs fp32)"] == "n/a" and old["verification"] == "diff 0.0041 vs eager"
-    assert "tolerance" not in " ".join(table.columns)
-
-
 def test_previews_have_their_own_lane(tmp_path: Path) -> None:
     """A preview neither queues behind an export in Gradio nor waits for the export's worker slot."""
     settings = space_app.Settings(
@@ -306,7 +285,7 @@ def test_previews_have_their_own_lane(tmp_path: Path) -> None:
         preview_task = jobs._background(lambda folder, emit: "previewed", "preview")
         seen = [event for batch in preview_task.events() for event in batch]
         assert not release.is_set(), "the preview waited for the export"
-        assert ("wait", space_app.WAITING) not in seen and preview_task.outcome() == "previewed"
+        assert ("wait", service.WAITING) not in seen and preview_task.outcome() == "previewed"
     finally:
         release.set()
         safety.cancel()
@@ -316,9 +295,9 @@ def test_previews_have_their_own_lane(tmp_path: Path) -> None:
 
 
 def test_chat_toggle_swaps_only_the_default_prompt() -> None:
-    assert space_app._default_prompt(False, space_app.CHAT_PROMPT) == space_app.PLAIN_PROMPT
-    assert space_app._default_prompt(True, space_app.PLAIN_PROMPT) == space_app.CHAT_PROMPT
-    typed = space_app._default_prompt(False, "Tell me a story")
+    assert space_app.default_prompt(False, layout.CHAT_PROMPT) == layout.PLAIN_PROMPT
+    assert space_app.default_prompt(True, layout.PLAIN_PROMPT) == layout.CHAT_PROMPT
+    typed = space_app.default_prompt(False, "Tell me a story")
     assert typed is not None and typed != "Tell me a story"  # gr.skip(): a typed prompt stays
 
 
@@ -331,9 +310,9 @@ def test_oauth_space_never_uses_the_space_token() -> None:
     assert settings.auth.use_oauth and not settings.auth.env_token_allowed
     assert settings.env_token is None and not settings.allow_local_sources
     jobs = space_app.Jobs(settings)
-    with pytest.raises(space_app.HubError, match="sign in with Hugging Face"):
+    with pytest.raises(HubError, match="sign in with Hugging Face"):
         jobs.user_token(None, "", required=True)
-    with pytest.raises(space_app.InputError, match="not a Hub model id"):
+    with pytest.raises(InputError, match="not a Hub model id"):
         jobs.export_request("/etc", "", ["8da4w"], "none", 32, None, "", False)
     # (Building the OAuth page needs gradio[oauth] and a real Space: Gradio attaches its routes then.)
 
@@ -366,8 +345,8 @@ def test_library_messages_are_worded_for_the_form(local_hub, tmp_path) -> None:
     from hub_export.generate import Sampling
 
     failures = []
-    with pytest.raises(space_app.InputError) as other_source:
-        publish._check_same_source(space_app.Manifest(source={"id": "acme/a"}, versions={}, variants=[]), "acme/b")
+    with pytest.raises(InputError) as other_source:
+        publish._check_same_source(Manifest(source={"id": "acme/a"}, versions={}, variants=[]), "acme/b")
     failures.append(other_source.value)
     private = "alice/space-wording-private"
     local_hub.api(local_hub.alice_token).create_repo(private, private=True)
@@ -408,15 +387,15 @@ def test_every_click_gives_feedback_at_once(tmp_path: Path) -> None:
         endpoint="http://127.0.0.1:9", auth=space_app.AuthPolicy(False, False, "tests"), work_root=tmp_path
     )
     blocks = space_app.build_app(settings)
-    for handler, job in ((space_app._preview_queued, "preview"), (space_app._export_queued, "export")):
+    for handler, job in ((space_app.preview_queued, "preview"), (space_app.export_queued, "export")):
         step = next(fn for fn in blocks.fns.values() if fn.fn is handler)
         assert step.queue is False, "feedback must not wait in the queue"
         then = next(fn for fn in blocks.fns.values() if fn.api_name == job)
         assert then.trigger_after == step._id, f"/{job} runs after the feedback step"
-    text, stats = space_app._preview_queued()
-    assert text == "" and stats.startswith(space_app.QUEUED)
-    status, log, link, table, card = space_app._export_queued()
-    assert status.startswith(space_app.QUEUED) and (log, link, card) == ("", "", "") and table.empty
+    text, stats = space_app.preview_queued()
+    assert text == "" and stats.startswith(layout.QUEUED)
+    status, log, link, table, card = space_app.export_queued()
+    assert status.startswith(layout.QUEUED) and (log, link, card) == ("", "", "") and table.empty
 
 
 def test_redaction_and_wording() -> None:
@@ -428,32 +407,6 @@ def test_redaction_and_wording() -> None:
     error = InputError(f"{opt('max_seq_len')} 5000 is above the model's limit", param="max_seq_len")
     assert space_app.failure_message(error, "job1", redact) == "'Max sequence length' 5000 is above the model's limit"
     assert str(error) == "--max-seq-len 5000 is above the model's limit"  # the CLI's words, from the same error
-
-
-def test_an_abandoned_job_keeps_its_slot_and_cleans_up(tmp_path: Path) -> None:
-    """Gradio closes the handler of a closed page in its event loop: closing must not wait for torch."""
-    slots, release = threading.BoundedSemaphore(1), threading.Event()
-
-    def slow(folder: Path, emit) -> str:
-        emit(("stage", "working"))
-        (folder / "partial.pte").write_text("x")
-        release.wait(10)  # the library call that cannot be interrupted
-        return "first"
-
-    first = space_app.Background(slow, slots=slots, root=tmp_path, kind="export")
-    events = first.events()
-    assert next(events) == [("stage", "working")]
-    started = time.monotonic()
-    events.close()
-    assert time.monotonic() - started < 0.5
-
-    second = space_app.Background(lambda folder, emit: "second", slots=slots, root=tmp_path, kind="preview")
-    seen: list = []
-    for batch in second.events():
-        seen += batch
-        release.set()  # the abandoned job ends only now; the second one waited for its slot
-    assert seen[0] == ("wait", space_app.WAITING) and second.outcome() == "second"
-    assert not list(tmp_path.iterdir()), "both job folders are removed"
 
 
 def test_unexpected_errors_are_one_generic_line(caplog: pytest.LogCaptureFixture) -> None:

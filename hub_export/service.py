@@ -1,0 +1,359 @@
+"""Export as a service: what a web front end needs around the library calls.
+
+The bundled Space (``space/app.py``) is a Gradio page and its sign-in over this module:
+
+- **requests** checked from form values or HTTP API arguments (:func:`export_request`,
+  :func:`preview_request`), before anything slow starts;
+- **jobs** that run a library call in a thread, each in its own temporary folder and
+  CPU slot, reporting events the page can show while it waits (:class:`BackgroundJob`);
+- **the work itself**: export, push and read back what was published
+  (:func:`publish_and_read_back`); pull a variant and stream text from it (:func:`preview`);
+- **views** in the library's words: the variants table, the dropdown, the card as
+  Markdown, one line per failure.
+
+Example:
+    >>> request = export_request("https://huggingface.co/HuggingFaceTB/SmolLM2-135M/tree/main", "",
+    ...                          ["8da4w"], "8w", None, 256, "", False, endpoint="https://huggingface.co")
+    >>> request.source, request.options.qmodes, request.repo_name
+    ('HuggingFaceTB/SmolLM2-135M', ('8da4w',), 'SmolLM2-135M-ExecuTorch')
+"""
+
+from __future__ import annotations
+
+import logging
+import queue
+import shutil
+import tempfile
+import threading
+import traceback
+from contextlib import contextmanager
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any, Callable, Iterator, Mapping
+
+from . import publish
+from .card import human_size, variant_facts
+from .errors import HubExportError, InputError, Namer, cli_name
+from .generate import GenerationResult, Sampling, stream_generate
+from .manifest import Manifest
+from .options import ExportOptions
+from .redact import Redactor
+
+log = logging.getLogger(__name__)
+
+MAX_NEW_TOKENS = 256
+MAX_PROMPT_CHARS = 4000
+TABLE_HEADERS = [
+    "file", "this job", "size", "max context", "verified", "verification", "perplexity (vs fp32)", "prefill tok/s",
+    "decode tok/s",
+]  # fmt: skip
+
+
+# -- requests -------------------------------------------------------------------------------
+
+
+def number(value: Any, label: str, default: Any, *, whole: bool = False) -> Any:
+    """A number from a form field or an API argument (blank: ``default``); its range is the library's to check."""
+    if value in (None, ""):
+        return default
+    try:
+        parsed = float(value)
+    except (TypeError, ValueError):
+        raise InputError(f"{label} must be a {'whole ' if whole else ''}number (got {value!r})") from None
+    if whole and parsed != int(parsed):  # torch takes whole numbers only for these
+        raise InputError(f"{label} must be a whole number (got {value!r})")
+    return int(parsed) if whole else parsed
+
+
+def whole_number(value: Any, label: str) -> int | None:
+    """A whole number from a form field or an API argument; blank or 0 means "default" (None)."""
+    parsed = number(value, label, None, whole=True)
+    if parsed is not None and parsed < 0:
+        raise InputError(f"{label} must be a positive whole number (got {value!r})")
+    return parsed or None
+
+
+def source_id(text: str | None, endpoint: str, *, allow_local: bool) -> str:
+    """The source a user typed: a repo id, a pasted model page URL (of a file or a branch too), or a folder.
+
+    ``allow_local`` is False on a public service: a path would expose the server's disk.
+    """
+    source = (text or "").strip()
+    for prefix in (endpoint.rstrip("/") + "/", "https://huggingface.co/"):
+        if source.startswith(prefix):
+            source = "/".join(source[len(prefix):].strip("/").split("/")[:2])
+    if not source:
+        raise InputError("enter the source model's id, e.g. HuggingFaceTB/SmolLM2-135M")
+    looks_local = source.startswith(("/", ".", "~")) or Path(source).expanduser().is_dir()
+    if looks_local and not allow_local:
+        raise InputError(f"{source!r} is not a Hub model id; enter one like HuggingFaceTB/SmolLM2-135M")
+    return source
+
+
+@dataclass(frozen=True)
+class ExportRequest:
+    """A checked export form: what to build, from what, into which repo."""
+
+    source: str
+    options: ExportOptions
+    repo_name: str  # a name (the user's namespace) or namespace/name
+    private: bool = False
+
+
+def export_request(
+    source: Any, revision: Any, variants: Any, qembedding: Any, group_size: Any, max_seq_len: Any, repo_name: Any,
+    private: Any, *, endpoint: str, allow_local: bool = False,
+) -> ExportRequest:
+    """Check an export form (or the same API arguments) into an :class:`ExportRequest`.
+
+    A service never runs code from the models it converts: ``trust_remote_code`` stays off.
+    """
+    source = source_id(source, endpoint, allow_local=allow_local)
+    qmodes = list(dict.fromkeys(variants or []))
+    if not qmodes:
+        raise InputError("pick at least one variant to export")
+    options = ExportOptions(
+        qmodes=tuple(qmodes),
+        qembedding=None if qembedding in (None, "", "none") else str(qembedding),
+        group_size=whole_number(group_size, "Group size") or ExportOptions.group_size,
+        max_seq_len=whole_number(max_seq_len, "Max sequence length"),
+        revision=str(revision or "").strip() or None,
+        trust_remote_code=False,
+    )
+    name = str(repo_name or "").strip() or publish.default_repo_name(source)
+    return ExportRequest(source, options, name, bool(private))
+
+
+@dataclass(frozen=True)
+class PreviewRequest:
+    """A checked preview form."""
+
+    repo_id: str
+    variant: str | None
+    prompt: str
+    max_new_tokens: int
+    chat: bool | None  # None: the chat template when the model has one (what ``generate`` takes)
+    system: str | None = None
+    sampling: Sampling = field(default_factory=Sampling)
+
+
+def sampling_from_form(temperature: Any, top_p: Any, top_k: Any, repetition_penalty: Any, seed: Any) -> Sampling:
+    """Sampling fields as a :class:`~hub_export.generate.Sampling` (checked by :func:`preview_request`)."""
+    default = Sampling()
+    return Sampling(
+        temperature=number(temperature, "Temperature", default.temperature),
+        top_p=number(top_p, "Top-p", default.top_p),
+        top_k=number(top_k, "Top-k", default.top_k, whole=True),
+        repetition_penalty=number(repetition_penalty, "Repetition penalty", default.repetition_penalty),
+        seed=number(seed, "Seed", default.seed, whole=True),
+    )
+
+
+def preview_request(
+    repo_id: str | None, variant: str | None, prompt: str | None, max_new_tokens: Any, chat: Any,
+    system: str | None = None, sampling: Sampling | None = None,
+) -> PreviewRequest:
+    """Check a preview form (and API arguments) before anything is downloaded.
+
+    ``chat`` ticked means "the template when the model has one", so the default works for
+    base models too; unticked sends the prompt as typed.
+    """
+    repo_id = (repo_id or "").strip()
+    if not repo_id:
+        raise InputError("enter the repo to try, e.g. alice/SmolLM2-135M-ExecuTorch")
+    publish.check_repo_id(repo_id)
+    prompt = prompt or ""
+    if not prompt.strip():
+        raise InputError("type a prompt")
+    if len(prompt) > MAX_PROMPT_CHARS:
+        raise InputError(f"the prompt is {len(prompt)} characters; keep it under {MAX_PROMPT_CHARS}")
+    limit = whole_number(max_new_tokens, "Max new tokens") or 64
+    if limit > MAX_NEW_TOKENS:
+        raise InputError(f"Max new tokens is at most {MAX_NEW_TOKENS} here (got {limit})")
+    sampling = sampling or Sampling()
+    sampling.check()  # the library's rules and words; here, so a bad value fails before the download
+    return PreviewRequest(repo_id, (variant or "").strip() or None, prompt, limit, None if chat else False,
+                          (system or "").strip() or None, sampling)
+
+
+# -- jobs -------------------------------------------------------------------------------------
+
+
+Emit = Callable[[tuple[str, Any]], None]
+WAITING = "waiting for a running job to finish (jobs take turns on the CPU)"
+
+
+@contextmanager
+def job_folder(root: Path, kind: str) -> Iterator[Path]:
+    """A fresh folder under ``root`` for one job, removed afterwards, success or not."""
+    root.mkdir(parents=True, exist_ok=True)
+    folder = Path(tempfile.mkdtemp(prefix=f"{kind}-", dir=root))
+    try:
+        yield folder
+    finally:
+        shutil.rmtree(folder, ignore_errors=True)
+
+
+class BackgroundJob:
+    """Runs ``work(folder, emit)`` in a thread, in its own job folder and CPU slot.
+
+    ``emit((kind, value))`` events are read back by :meth:`events`, so a page handler can
+    show the library's progress while it works, and a heartbeat while it is silent.
+
+    The thread owns everything the job holds: it takes a slot from ``slots`` and
+    creates the job folder, and gives both back when the library call returns. A
+    handler whose client went away is closed (by Gradio, in its event loop) and must not
+    block; the work goes on without it (torch cannot be interrupted), still holding
+    its slot, so a new job waits for it instead of overloading the CPU.
+    """
+
+    _DONE = object()
+
+    def __init__(self, work: Callable[[Path, Emit], Any], *, slots: threading.Semaphore, root: Path, kind: str):
+        self._work = work
+        self._slots = slots
+        self._root = root
+        self._kind = kind
+        self._queue: queue.Queue = queue.Queue()
+        self.result: Any = None
+        self.error: BaseException | None = None
+        self._thread = threading.Thread(target=self._run, name=f"hub-export-{kind}", daemon=True)
+
+    def _run(self) -> None:
+        try:
+            if not self._slots.acquire(blocking=False):
+                self._queue.put(("wait", WAITING))
+                self._slots.acquire()
+            try:
+                with job_folder(self._root, self._kind) as folder:
+                    self.result = self._work(folder, self._queue.put)
+            finally:
+                self._slots.release()
+        except BaseException as error:  # noqa: BLE001 - handed to the handler, which reports it
+            self.error = error
+        finally:
+            self._queue.put(self._DONE)  # last: the folder is gone and the slot free by now
+
+    def events(self, heartbeat: float = 1.0) -> Iterator[list[tuple[str, Any]]]:
+        """Batches of events as they come, ``[]`` after ``heartbeat`` s of silence; ends with the work."""
+        self._thread.start()
+        while True:
+            try:
+                item = self._queue.get(timeout=heartbeat)
+            except queue.Empty:
+                yield []
+                continue
+            batch = []
+            while item is not self._DONE:
+                batch.append(item)
+                try:
+                    item = self._queue.get_nowait()
+                except queue.Empty:
+                    break
+            if batch:
+                yield batch
+            if item is self._DONE:
+                return
+
+    def outcome(self) -> Any:
+        """The work's result, once :meth:`events` has ended; re-raises its exception."""
+        if self.error is not None:
+            raise self.error
+        return self.result
+
+
+# -- the work ------------------------------------------------------------------------------------
+
+
+@dataclass
+class Published:
+    """What an export job returns: the push, and the repo as it now is (table and card)."""
+
+    result: publish.PushResult
+    manifest: Manifest | None
+    card: str
+    read_error: HubExportError | None = None
+
+
+def publish_and_read_back(request: ExportRequest, repo_id: str, token: str, endpoint: str, folder: Path,
+                          emit: Emit) -> Published:
+    """Export and push ``request`` with downloads and the export inside ``folder``; then read back what was published.
+
+    ``folder`` is the job's: removed afterwards, so a service's disk does not grow.
+    """
+    result = publish.push(
+        request.source, repo_id, request.options, private=request.private, output_dir=folder / "export",
+        cache_dir=folder / "downloads", token=token, endpoint=endpoint, progress=lambda event: emit(("stage", event)),
+    )
+    revision = result.commit_oid  # what this job published, even if the repo moved on since
+    try:
+        manifest = publish.list_variants(result.repo_id, endpoint, token, revision=revision)
+        card = publish.read_card(result.repo_id, revision, token, endpoint, folder / "card")
+    except HubExportError as error:  # the push is done: report, do not fail the job
+        return Published(result, None, "", error)
+    return Published(result, manifest, card)
+
+
+def preview(request: PreviewRequest, token: str | None, endpoint: str, folder: Path, emit: Emit) -> GenerationResult:
+    """Pull the variant into ``folder`` and stream text from it: emits ("stage", line) and ("text", piece)."""
+    # token=False, not None: never fall back to a login stored on the server.
+    files = publish.pull(request.repo_id, request.variant, output_dir=folder, endpoint=endpoint, token=token or False)
+    manifest = Manifest.read(files)
+    chosen = manifest.variant(request.variant) if request.variant else manifest.variants[0]
+    emit(("stage", f"generating with {chosen.file}"))
+    pieces, last = [], None
+    for last in stream_generate(files / chosen.file, files, request.prompt, max_new_tokens=request.max_new_tokens,
+                                sampling=request.sampling, chat=request.chat, system=request.system):
+        if last.text:
+            pieces.append(last.text)
+            emit(("text", last.text))
+    return last.result("".join(pieces))
+
+
+# -- views ----------------------------------------------------------------------------------------
+
+
+def variant_rows(manifest: Manifest, this_job: list[str]) -> list[list[Any]]:
+    """One row per variant in the repo (:data:`TABLE_HEADERS`), in the card's and ``hub-export ls``'s words."""
+    rows = []
+    for variant in manifest.variants:
+        facts = variant_facts(variant)
+        rows.append([
+            variant.file, "yes" if variant.file in this_job else "", facts["size"], f"{variant.max_seq_len} tokens",
+            "yes" if facts["verified"] else "no", facts["verification"], facts["quality"], facts["prefill_tps"],
+            facts["decode_tps"],
+        ])  # fmt: skip
+    return rows
+
+
+def variant_choices(manifest: Manifest) -> list[tuple[str, str]]:
+    """Dropdown entries: label with size and context, value the file name (what ``pull`` takes)."""
+    return [(f"{v.file} · {human_size(v.total_bytes)} · {v.max_seq_len} tokens", v.file) for v in manifest.variants]
+
+
+def card_markdown(text: str) -> str:
+    """A model card for display: its YAML front matter as a code block, then the Markdown body."""
+    if text.startswith("---\n"):
+        end = text.find("\n---", 4)
+        if end != -1:
+            front, body = text[4:end], text[end + 4:].lstrip("\n")
+            return f"```yaml\n{front}\n```\n\n{body}"
+    return text
+
+
+def failure_line(error: BaseException, job_id: str, redact: Redactor, name: Namer = cli_name,
+                 hints: Mapping[str, str] | None = None, logs: str = "the service's logs") -> str:
+    """The one line a user sees for ``error``, worded with ``name`` and ``hints``; never a traceback.
+
+    Unexpected errors are logged (redacted) with their traceback for whoever runs the
+    service; the user gets a generic line and the job id to quote.
+    """
+    if isinstance(error, HubExportError):
+        return redact(error.worded(name, hints))
+    if isinstance(error, MemoryError):
+        return "the job ran out of memory; pick fewer variants, a shorter max sequence length or a smaller model"
+    log.error("job %s failed:\n%s", job_id, redact("".join(traceback.format_exception(error))))
+    return (
+        f"the job failed unexpectedly ({type(error).__name__}); retry, and if it fails again report job "
+        f"{job_id} (the details are in {logs})"
+    )

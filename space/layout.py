@@ -1,0 +1,250 @@
+"""The Space's page: layout, views and the small helpers of its controls (no library logic, no auth).
+
+``space/app.py`` wires these controls to its handlers; ``page.css`` and ``page.js`` make
+the page readable (contrast, wrapping, a phone's one column) and accessible (names
+Gradio leaves out, output boxes reachable by keyboard).
+"""
+
+import json
+from dataclasses import dataclass, field
+from pathlib import Path
+from typing import Any
+
+import gradio as gr
+import pandas as pd
+
+from hub_export import publish
+from hub_export.generate import Sampling
+from hub_export.options import ExportOptions
+from hub_export.quantize import QEMBEDDINGS, QMODES
+from hub_export.service import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, TABLE_HEADERS
+
+HERE = Path(__file__).parent
+# Words, not emoji: status lines are read by API clients and screen readers too.
+RUNNING, DONE, FAILED, QUEUED = "**Running:**", "**Done:**", "**Failed:**", "**Queued:**"
+# The Preview's prompt follows the chat checkbox while the user has not typed one.
+CHAT_PROMPT, PLAIN_PROMPT = "What is the capital of France?", "Once upon a time"
+
+
+def bar(fraction: float, width: int = 16) -> str:
+    """A text progress bar: it lives in the status line, which stays readable when a job fails."""
+    done = round(max(0.0, min(fraction, 1.0)) * width)
+    return "▰" * done + "▱" * (width - done)
+
+
+def clock(seconds: float) -> str:
+    minutes, seconds = divmod(int(seconds), 60)
+    return f"{minutes}:{seconds:02d}"
+
+
+@dataclass
+class ExportView:
+    """What the Export tab shows; :meth:`outputs` is the tuple the handler yields."""
+
+    status: str = ""
+    log_lines: list[str] = field(default_factory=list)
+    link: str = ""
+    rows: list[list[Any]] = field(default_factory=list)
+    card: str = ""
+    repo_id: str | None = None
+
+    def outputs(self) -> tuple:
+        table = pd.DataFrame(self.rows, columns=TABLE_HEADERS)
+        return self.status, "\n".join(self.log_lines), self.link, table, self.card, self.repo_id
+
+
+# -- the controls ----------------------------------------------------------------------------
+
+INTRO = """\
+# hub-export · Hugging Face → ExecuTorch
+
+Export a causal language model to [ExecuTorch](https://github.com/pytorch/executorch) `.pte` files
+for phones and laptops (XNNPACK), **verified** against the original model, and push them with a model card
+to a repo in your account. Then try them in the **Preview** tab.
+"""
+
+
+def access_row(use_oauth: bool, env_token_allowed: bool) -> gr.Textbox:
+    """Sign-in button (OAuth) or token field (offline); returns the token field (an API parameter either way)."""
+    with gr.Row(equal_height=True):
+        if use_oauth:
+            gr.LoginButton(scale=0, min_width=260)
+            gr.Markdown("Jobs act as **you**: the Space pushes to your account with your sign-in, never its own token.")
+        # Visible text, not only a placeholder: a placeholder vanishes once typed in and is faint.
+        info = "A write token, used for this job only; never stored or shown in the log."
+        if env_token_allowed:
+            info += " Blank: the server's HF_TOKEN."
+        return gr.Textbox(
+            "",
+            label="Hugging Face token",
+            type="password",
+            placeholder="hf_…",
+            visible=not use_oauth,
+            info=info,
+            scale=3,
+        )
+
+
+def export_tab(allow_local_sources: bool) -> dict[str, Any]:
+    ui: dict[str, Any] = {}
+    with gr.Row():
+        ui["source"] = gr.Textbox(
+            label="Source model",
+            placeholder="HuggingFaceTB/SmolLM2-135M"
+            + (" or a local folder" if allow_local_sources else ""),
+            info="A transformers causal LM with safetensors weights; remote code is refused.",
+            scale=3,
+        )
+        ui["revision"] = gr.Textbox("", label="Revision", placeholder="main", info="Branch, tag or commit.", scale=1)
+    with gr.Row():
+        ui["variants"] = gr.CheckboxGroup(
+            [(f"{mode.name}: {mode.description}", mode.name) for mode in QMODES.values()],
+            value=["8da4w"],
+            label="Variants",
+            info="One .pte file each; every one is verified.",
+            elem_id="export-variants",
+        )
+        ui["qembedding"] = gr.Radio(
+            [("none", "none"), *((f"{bits}-bit", name) for name, bits in QEMBEDDINGS.items())],
+            value="none",
+            label="Embedding quantization",
+            info="Shrinks large vocabularies.",
+            elem_id="export-embedding",
+        )
+    with gr.Row():
+        ui["group_size"] = gr.Number(
+            ExportOptions.group_size, label="Group size", precision=0, minimum=1, info="For int4 weights (8da4w)."
+        )
+        ui["max_seq_len"] = gr.Number(
+            0,
+            label="Max sequence length",
+            precision=0,
+            minimum=0,
+            info="Prompt + generated tokens; 0: the model's limit, at most 2048.",
+        )
+    with gr.Row(equal_height=True):
+        ui["repo_name"] = gr.Textbox(
+            "",
+            label="Target repo",
+            placeholder="{source name}-ExecuTorch",
+            info="A name in your namespace, or namespace/name (an org you can write to).",
+            scale=3,
+        )
+        ui["private"] = gr.Checkbox(label="Private", value=False, scale=1)
+    ui["run"] = gr.Button("Export & push", variant="primary")
+    ui["status"] = gr.Markdown("Fill in the form and press **Export & push**.", label="Status", elem_id="export-status")
+    ui["log"] = gr.Textbox(
+        label="Log", lines=12, max_lines=12, autoscroll=True, interactive=False, buttons=["copy"], elem_id="export-log"
+    )
+    ui["link"] = gr.Markdown(label="Repo link", elem_id="export-link")
+    ui["table"] = gr.Dataframe(
+        headers=TABLE_HEADERS, label="Variants in the repo", interactive=False, wrap=True, elem_id="export-table"
+    )
+    with gr.Accordion("Model card", open=False):
+        ui["card"] = gr.Markdown(label="Model card")
+    ui["pushed"] = gr.State(None)
+    return ui
+
+
+def preview_tab() -> dict[str, Any]:
+    ui: dict[str, Any] = {}
+    with gr.Row(equal_height=True):
+        ui["repo"] = gr.Textbox(label="Repo", placeholder="alice/SmolLM2-135M-ExecuTorch", scale=3)
+        ui["variant"] = gr.Dropdown(
+            label="Variant", choices=[], value="", allow_custom_value=True, scale=2, info="Blank: the first one."
+        )
+        ui["refresh"] = gr.Button("↻ Variants", scale=0, min_width=120)
+    ui["prompt"] = gr.Textbox(label="Prompt", value=CHAT_PROMPT, lines=3, max_length=MAX_PROMPT_CHARS)
+    with gr.Row(equal_height=True):
+        ui["chat"] = gr.Checkbox(
+            label="Use the chat template",
+            value=True,
+            info="The model's own, when it has one: the prompt goes in as a user message.",
+            scale=1,
+        )
+        ui["system"] = gr.Textbox(
+            "", label="System message", placeholder="optional; needs the chat template", lines=1, scale=3
+        )
+    ui["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS, value=48, step=1, label="Max new tokens")
+    ui.update(sampling_controls())
+    ui["run"] = gr.Button("Generate", variant="primary")
+    ui["text"] = gr.Textbox(
+        label="Generated text", lines=8, interactive=False, buttons=["copy"], elem_id="preview-text"
+    )
+    ui["stats"] = gr.Markdown(label="Status and speed", elem_id="preview-stats")
+    return ui
+
+
+def sampling_controls() -> dict[str, Any]:
+    """Sampling fields, greedy by default (the output then depends on the model only)."""
+    default = Sampling()
+    ui: dict[str, Any] = {}
+    with gr.Accordion("Sampling", open=False):
+        with gr.Row():
+            ui["temperature"] = gr.Slider(
+                0, 2, value=default.temperature, step=0.05, label="Temperature", info="0: greedy (the likeliest token)."
+            )
+            ui["top_p"] = gr.Slider(0.05, 1, value=default.top_p, step=0.05, label="Top-p", info="1: off.")
+        with gr.Row():
+            ui["top_k"] = gr.Number(default.top_k, label="Top-k", precision=0, minimum=0, info="0: off.")
+            ui["repetition_penalty"] = gr.Slider(
+                0.5, 2, value=default.repetition_penalty, step=0.05, label="Repetition penalty", info="1: off."
+            )
+            ui["seed"] = gr.Number(default.seed, label="Seed", precision=0, minimum=0, info="Same seed, same text.")
+    return ui
+
+
+# Accessible names Gradio leaves out, by elem_id (space/page.js sets them).
+ACCESSIBLE_NAMES = {
+    "export-variants": "Variants",
+    "export-embedding": "Embedding quantization",
+    "export-log": "Log",
+    "preview-text": "Generated text",
+}
+PAGE_SCRIPT = "<script>\n" + (HERE / "page.js").read_text().replace("__ACCESSIBLE_NAMES__", json.dumps(ACCESSIBLE_NAMES)) + "</script>"
+PAGE_CSS = (HERE / "page.css").read_text()  # contrast, word wrapping, one column on a phone
+
+
+API_NOTE = """\
+---
+This Space is also an HTTP API (`/export`, `/preview`; see **Use via API** below and the README).
+With OAuth, API callers pass their token as `Client(..., oauth_token="hf_...")`; otherwise as the `token` parameter.
+"""
+
+
+# Gradio's run history would keep every job's inputs, the token field included, in the
+# browser (or a Hub bucket): off. The footer keeps the API docs link.
+# (Gradio 6 takes the page's CSS and head at launch.)
+LAUNCH_OPTIONS: dict[str, Any] = {
+    "run_history": False,
+    "footer_links": ["api", "gradio"],
+    "css": PAGE_CSS,
+    "head": PAGE_SCRIPT,
+}
+
+
+def export_queued() -> tuple:
+    """The Export outputs at the click: cleared, with a status saying the job is on its way."""
+    return ExportView(status=f"{QUEUED} starting as soon as an export slot is free…").outputs()[:5]
+
+
+def preview_queued() -> tuple[str, str]:
+    """The Preview outputs at the click: the old answer gone, and a sign that work started."""
+    return "", f"{QUEUED} generating as soon as a preview slot is free…"
+
+
+def default_name(source: str) -> str | Any:
+    """Prefill the target repo from the source (a repo id or a folder)."""
+    source = (source or "").strip()
+    return publish.default_repo_name(source) if source else gr.skip()
+
+
+def default_prompt(chat: bool, prompt: str) -> str | Any:
+    """Swap the default prompt for the other one when chat is toggled; a typed prompt stays."""
+    if prompt not in (CHAT_PROMPT, PLAIN_PROMPT):
+        return gr.skip()
+    return CHAT_PROMPT if chat else PLAIN_PROMPT
+
+
+def fill_preview(repo_id: str | None) -> str | Any:
+    return repo_id if repo_id else gr.skip()

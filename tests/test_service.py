@@ -1,0 +1,136 @@
+"""The service layer behind the Space: checked requests, background jobs, views. No Gradio, no model."""
+
+from __future__ import annotations
+
+import threading
+import time
+from pathlib import Path
+
+import pytest
+
+from hub_export.errors import InputError, opt
+from hub_export.generate import Sampling
+from hub_export.redact import Redactor
+from hub_export.service import (
+    TABLE_HEADERS,
+    WAITING,
+    BackgroundJob,
+    card_markdown,
+    export_request,
+    failure_line,
+    preview_request,
+    source_id,
+    variant_rows,
+)
+
+HUB = "https://hub.example"
+
+
+def test_a_pasted_model_url_or_id_is_the_source_and_a_path_is_refused_on_a_public_service(tmp_path: Path) -> None:
+    for text in ("acme/Model", " https://hub.example/acme/Model ", "https://huggingface.co/acme/Model/tree/v2",
+                 "https://hub.example/acme/Model/blob/main/config.json"):
+        assert source_id(text, HUB, allow_local=False) == "acme/Model", text
+    with pytest.raises(InputError, match="not a Hub model id"):
+        source_id(str(tmp_path), HUB, allow_local=False)
+    assert source_id(str(tmp_path), HUB, allow_local=True) == str(tmp_path)
+    with pytest.raises(InputError, match="enter the source model's id"):
+        source_id("  ", HUB, allow_local=True)
+
+
+def test_the_export_form_becomes_validated_options() -> None:
+    request = export_request("acme/Model", " v1 ", ["8da4w", "8da4w", "fp32"], "none", "", 0, "", True, endpoint=HUB)
+    assert request.source == "acme/Model" and request.repo_name == "Model-ExecuTorch" and request.private
+    options = request.options
+    assert options.qmodes == ("8da4w", "fp32") and options.qembedding is None  # a double tick is one variant
+    assert options.group_size == 32 and options.max_seq_len is None and options.revision == "v1"
+    assert options.trust_remote_code is False  # a service never runs a model's code
+    with pytest.raises(InputError, match="pick at least one variant"):
+        export_request("acme/Model", "", [], "8w", 32, 64, "x", False, endpoint=HUB)
+    with pytest.raises(InputError, match="Max sequence length must be a whole number"):
+        export_request("acme/Model", "", ["8da4w"], "8w", 32, "long", "x", False, endpoint=HUB)
+    with pytest.raises(InputError) as bad_group:  # the library's own check, with the option named
+        export_request("acme/Model", "", ["8da4w"], "8w", 48, None, "x", False, endpoint=HUB)
+    assert bad_group.value.param == "group_size"
+
+
+def test_the_preview_form_is_checked_before_any_download() -> None:
+    request = preview_request(" acme/Model-ExecuTorch ", "", "Hi", "", True, "  ", Sampling(temperature=0.5))
+    assert (request.repo_id, request.variant, request.max_new_tokens, request.chat, request.system) == (
+        "acme/Model-ExecuTorch", None, 64, None, None)
+    assert preview_request("acme/M", "8w", "Hi", 8, False).chat is False
+    for bad, match in ((("", None, "Hi", 8, True), "enter the repo"), (("acme/M", None, " ", 8, True), "type a prompt"),
+                       (("acme/M", None, "Hi", 999, True), "at most 256")):
+        with pytest.raises(InputError, match=match):
+            preview_request(*bad)
+    with pytest.raises(InputError, match="top_p|Top-p|--top-p"):
+        preview_request("acme/M", None, "Hi", 8, True, None, Sampling(top_p=2.0))
+
+
+def test_failures_are_one_line_worded_by_the_front_end(caplog: pytest.LogCaptureFixture) -> None:
+    error = InputError(f"{opt('max_seq_len')} 5000 is above the model's limit", param="max_seq_len", code="x")
+    assert failure_line(error, "j1", Redactor()) == "--max-seq-len 5000 is above the model's limit"
+    worded = failure_line(error, "j1", Redactor(), lambda name: "'Max'", {"x": "lower it"})
+    assert worded == "'Max' 5000 is above the model's limit; lower it"
+    token = "hf_" + "u" * 34
+    generic = failure_line(RuntimeError(f"boom in /srv/secret with {token}"), "job42", Redactor())
+    assert "RuntimeError" in generic and "job42" in generic and "boom" not in generic
+    assert "boom" in caplog.text and token not in caplog.text  # the details go to the logs, redacted
+
+
+def test_card_markdown_shows_front_matter_as_code() -> None:
+    assert card_markdown("---\nlicense: mit\n---\n\n# Title\n") == "```yaml\nlicense: mit\n```\n\n# Title\n"
+    assert card_markdown("# No front matter") == "# No front matter"
+
+
+def test_an_abandoned_job_keeps_its_slot_and_cleans_up(tmp_path: Path) -> None:
+    """Gradio closes the handler of a closed page in its event loop: closing must not wait for torch."""
+    slots, release = threading.BoundedSemaphore(1), threading.Event()
+
+    def slow(folder: Path, emit) -> str:
+        emit(("stage", "working"))
+        (folder / "partial.pte").write_text("x")
+        release.wait(10)  # the library call that cannot be interrupted
+        return "first"
+
+    first = BackgroundJob(slow, slots=slots, root=tmp_path, kind="export")
+    events = first.events()
+    assert next(events) == [("stage", "working")]
+    started = time.monotonic()
+    events.close()
+    assert time.monotonic() - started < 0.5
+
+    second = BackgroundJob(lambda folder, emit: "second", slots=slots, root=tmp_path, kind="preview")
+    seen: list = []
+    for batch in second.events():
+        seen += batch
+        release.set()  # the abandoned job ends only now; the second one waited for its slot
+    assert seen[0] == ("wait", WAITING) and second.outcome() == "second"
+    assert not list(tmp_path.iterdir()), "both job folders are removed"
+
+
+def test_variants_table_shows_quality_and_verification() -> None:
+    from hub_export.manifest import Manifest, Variant, Verification
+
+    def variant(qmode: str, verification: dict) -> Variant:
+        return Variant(
+            file=f"model-{qmode}.pte", qmode=qmode, qembedding=None, group_size=None, max_seq_len=64,
+            size_bytes=235776, sha256="0" * 64, metadata={}, verification=Verification.from_dict(verification),
+            export_seconds=1.0,
+        )  # fmt: skip
+
+    current = {
+        "passed": True, "mean_kl_vs_eager": 0.0238, "top1_agreement": 1.0, "top1_within_ties": 1.0,
+        "max_kl": 0.1, "min_top1": 0.8, "positions": 530, "max_abs_diff": 0.00406,
+        "runner_prefill_tokens_per_s": 2800.0, "runner_decode_tokens_per_s": 1500.0,
+        "quality": {"text": "eval_en.txt", "tokens": 2048, "perplexity": 33.68, "fp32_perplexity": 22.39,
+                    "ratio": 1.504, "top1": 0.604, "kl": 0.4685},
+    }  # fmt: skip
+    older = {"passed": True, "max_abs_diff": 0.00406, "tolerance": 0.05}  # a manifest from before quality and KL
+    manifest = Manifest(source={}, versions={}, variants=[variant("8da4w", current), variant("fp32", older)])
+    new, old = (dict(zip(TABLE_HEADERS, row)) for row in variant_rows(manifest, ["model-8da4w.pte"]))
+    assert new["perplexity (vs fp32)"] == "33.7 (1.50x fp32)"
+    assert new["verification"] == "KL 0.024, top-1 100% vs eager"
+    assert (new["this job"], new["verified"]) == ("yes", "yes")
+    assert (new["prefill tok/s"], new["decode tok/s"]) == ("2800", "1500")
+    assert old["perplexity (vs fp32)"] == "n/a" and old["verification"] == "diff 0.0041 vs eager"
+    assert "tolerance" not in " ".join(TABLE_HEADERS)
