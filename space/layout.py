@@ -15,7 +15,7 @@ import pandas as pd
 
 from hub_export import publish
 from hub_export.generate import Sampling
-from hub_export.options import ExportOptions
+from hub_export.options import ExportOptions, help_text
 from hub_export.quantize import QEMBEDDINGS, QMODES
 from hub_export.service import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, TABLE_HEADERS
 
@@ -95,7 +95,7 @@ def export_tab(allow_local_sources: bool) -> dict[str, Any]:
             info="A transformers causal LM with safetensors weights; remote code is refused.",
             scale=3,
         )
-        ui["revision"] = gr.Textbox("", label="Revision", placeholder="main", info="Branch, tag or commit.", scale=1)
+        ui["revision"] = gr.Textbox("", label="Revision", placeholder="main", info=help_text("revision"), scale=1)
     with gr.Row():
         ui["variants"] = gr.CheckboxGroup(
             [(f"{mode.name}: {mode.description}", mode.name) for mode in QMODES.values()],
@@ -113,7 +113,7 @@ def export_tab(allow_local_sources: bool) -> dict[str, Any]:
         )
     with gr.Row():
         ui["group_size"] = gr.Number(
-            ExportOptions.group_size, label="Group size", precision=0, minimum=1, info="For int4 weights (8da4w)."
+            ExportOptions.group_size, label="Group size", precision=0, minimum=1, info=help_text("group_size")
         )
         ui["max_seq_len"] = gr.Number(
             0,
