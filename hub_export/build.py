@@ -22,6 +22,8 @@ from .patches import release_memory
 if TYPE_CHECKING:
     import torch
 
+    from .calibrate import MixedPlan
+
     from .options import ExportOptions
     from .verify import Reference
 
@@ -101,6 +103,7 @@ class RunState:
     workdir: Path
     reference: "Reference | None"
     say: Say
+    mixed_plan: "MixedPlan | None" = None  # the calibrated int8 layers of the mixed qmode, measured once per run
     variants: list[Variant] = field(default_factory=list)
 
 
@@ -119,7 +122,10 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     started = time.perf_counter()
     run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})", "quantize", name)
     model = weight_sharing_copy(run.model)
-    fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings)
+    mode = quantize.QMODES[qmode]
+    plan = run.mixed_plan if mode.calibrated else None
+    recipe = opts.recipe(frozenset(plan.eight_bit) if plan else frozenset())
+    fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings, recipe)
     expected = expected_logits(model, run.reference) if run.reference is not None else None
     if last and shared_fraction(model, run.model) < 0.1:
         # No later variant needs the fp32 weights: free them before lowering. The
@@ -153,11 +159,10 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     verification = Verification.skipped_record()
     if expected is not None:
         run.say(f"[{name}] verifying against eager and in TextLLMRunner", "verify", name)
-        verification = verify(path, expected, run.reference, run.src.path / "tokenizer.json", quantize.QMODES[qmode].tolerance)
-        result = verification
-        if not result.passed:
-            raise VerificationError(f"{name} failed verification: {result.failure}")
-    grouped = quantize.QMODES[qmode].grouped
+        verification = verify(path, expected, run.reference, run.src.path / "tokenizer.json", mode.tolerance)
+        if not verification.passed:
+            raise VerificationError(f"{name} failed verification: {verification.failure}")
+    grouped = mode.grouped
     return Variant(
         file=name,
         qmode=qmode,
@@ -173,4 +178,15 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
         data_file=data_path.name if data_path else None,
         data_size_bytes=data_path.stat().st_size if data_path else None,
         data_sha256=sha256_file(data_path) if data_path else None,
+        recipe=_recipe_record(mode, opts, plan),
     )
+
+
+def _recipe_record(mode: quantize.QMode, options: "ExportOptions", plan: "MixedPlan | None") -> dict | None:
+    """What the manifest says about how the variant was quantized beyond its qmode."""
+    record: dict = {}
+    if mode.weight_bits == 4:
+        record["int4_scales"] = options.int4_scales
+    if plan is not None:
+        record["mixed"] = plan.to_dict()
+    return record or None

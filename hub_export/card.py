@@ -263,7 +263,56 @@ def variant_facts(variant: Variant) -> dict[str, Any]:
         "quality_top1": _figure(quality.top1 if quality else None, ".0%"),
         "prefill_tps": _figure(check.speed("prefill"), ".0f"),
         "decode_tps": _figure(check.speed("decode"), ".0f"),
+        "int4_scales": (variant.recipe or {}).get("int4_scales"),
+        "mixed": _mixed_line(variant),
     }
+
+
+FRONTIER_PLOT = "frontier.png"
+
+
+def frontier_points(manifest: Manifest) -> list[tuple[str, float, float]]:
+    """``(file, size in MB, perplexity / fp32's)`` of every variant with quality figures."""
+    points = []
+    for variant in manifest.variants:
+        quality = variant.verification.quality
+        if quality is not None and quality.ratio is not None:
+            points.append((variant.file, variant.total_bytes / 1e6, quality.ratio))
+    return points
+
+
+def frontier_png(manifest: Manifest) -> bytes | None:
+    """A small plot of size against perplexity when more than two variants have figures, else None."""
+    import io
+
+    points = frontier_points(manifest)
+    if len(points) <= 2:
+        return None
+    from matplotlib.figure import Figure  # the object API: no global pyplot state, no display needed
+
+    figure = Figure(figsize=(6.4, 4.0), dpi=100)
+    axes = figure.subplots()
+    axes.scatter([size for _, size, _ in points], [ratio for *_, ratio in points], color="#d9480f")
+    for file, size, ratio in points:
+        axes.annotate(file.removeprefix("model-").removesuffix(".pte"), (size, ratio), textcoords="offset points",
+                      xytext=(5, 4), fontsize=8)
+    axes.axhline(1.0, color="#868e96", linewidth=0.8, linestyle="--")
+    axes.set_xlabel("download size (MB)")
+    axes.set_ylabel("perplexity / fp32's (lower is better)")
+    axes.set_title(f"{manifest.source.get('id', '')}: size against quality", fontsize=10)
+    axes.grid(alpha=0.3)
+    figure.tight_layout()
+    buffer = io.BytesIO()
+    figure.savefig(buffer, format="png", metadata={"Software": None})  # same figures, same bytes
+    return buffer.getvalue()
+
+
+def _mixed_line(variant: Variant) -> str | None:
+    """The mixed qmode's plan in one line (layer names are schema-checked: letters, digits, dots)."""
+    from .calibrate import MixedPlan
+
+    plan = MixedPlan.from_dict((variant.recipe or {}).get("mixed"))
+    return plan.summary() if plan is not None else None
 
 
 def _gguf_view(gguf: Any) -> dict[str, str] | None:
@@ -304,6 +353,7 @@ def card_context(
         "repo_id": repo_id,
         "variants": variants,
         "qmodes": [quantize.QMODES[mode] for mode in dict.fromkeys(v.qmode for v in manifest.variants)],
+        "frontier_plot": FRONTIER_PLOT if len(frontier_points(manifest)) > 2 else None,
         "first": variants[0] if variants else None,
         "machine": manifest.machine or "an unrecorded machine",
         "commands": reproduce_commands(manifest),
@@ -467,6 +517,9 @@ def write_card(
     folder = Path(folder)
     manifest = Manifest.read(folder)
     text = render_card(manifest, source_card_data, template, endpoint, repo_id=repo_id, config=read_config(folder))
+    plot = frontier_png(manifest)
+    if plot is not None:
+        (folder / FRONTIER_PLOT).write_bytes(plot)
     path = folder / CARD_NAME
     path.write_text(text, encoding="utf-8")
     return path

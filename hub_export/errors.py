@@ -21,9 +21,10 @@ import re
 from typing import Callable, Mapping
 
 _MARK = "\ue000"  # a private-use character: never whitespace, never in a real message
-_PLACEHOLDER = re.compile(f"{_MARK}([a-z_]+){_MARK}")
+_PLACEHOLDER = re.compile(f"{_MARK}([a-z0-9_]+){_MARK}")
 # CLI names of what is not an export option (those carry their flags in hub_export.options).
-_CLI_NAMES = {"from_dir": "--from", "output": "-o/--output", "no_chat": "--no-chat", "exist_ok": "--exist-ok"}
+_CLI_NAMES = {"from_dir": "--from", "output": "-o/--output", "no_chat": "--no-chat", "exist_ok": "--exist-ok",
+              "no_calibration": "--no-calibration"}
 
 Namer = Callable[[str], str]
 

@@ -16,7 +16,7 @@ import tempfile
 from pathlib import Path
 from typing import Any, Callable
 
-from . import archs, source as source_stage
+from . import archs, quantize, source as source_stage
 from .build import RunState, build_variant, load_model, token_ids
 from .errors import InputError, opt
 from .manifest import Manifest, machine_description, package_versions
@@ -144,7 +144,8 @@ def export(
     options = options_with(options, option_values)
     declared = _declared_source(source, options)
     say = tracker(progress, log.info)
-    say.expect((3 if options.verify else 2) + (4 if options.verify else 3) * len(options.qmodes))
+    calibrated = any(quantize.QMODES[mode].calibrated for mode in options.qmodes) and options.calibration
+    say.expect((3 if options.verify else 2) + calibrated + (4 if options.verify else 3) * len(options.qmodes))
     output_dir = Path(output_dir)
     resolved_len: dict[str, int] = {}
 
@@ -184,6 +185,17 @@ def export(
                 "reference")
             reference = build_reference(model, src.path / "tokenizer.json", seq_len, options.quality_tokens,
                                         token_ids(model)[0])
+        mixed_plan = None
+        if calibrated:
+            from .calibrate import plan_mixed
+
+            say("measuring each linear layer's int4 sensitivity on the calibration text", "calibrate")
+            mixed_plan = plan_mixed(model, src.path / "tokenizer.json", options, say)
+            say(f"mixed: {mixed_plan.summary()} ({mixed_plan.seconds:.0f} s)")
+        elif any(quantize.QMODES[mode].calibrated for mode in options.qmodes):
+            from .calibrate import MixedPlan
+
+            mixed_plan = MixedPlan(calibrated=False)
         source_record = _source_record(src, model, declared)
         weight_bytes = sum(p.numel() * p.element_size() for p in model.parameters())
         workers = worker_count(options.jobs, len(options.qmodes), weight_bytes)
@@ -193,12 +205,12 @@ def export(
             say(f"building {len(options.qmodes)} variants, {workers} at a time in worker processes")
             variant_jobs = [
                 VariantJob(index, qmode, src, options, seq_len, workdir, reference,
-                           threads=max(1, usable_cpus() // workers), quiet=_libraries_quiet())
+                           threads=max(1, usable_cpus() // workers), quiet=_libraries_quiet(), mixed_plan=mixed_plan)
                 for index, qmode in enumerate(options.qmodes)
             ]
             variants = export_in_workers(variant_jobs, workers, say)
         else:
-            run = RunState(model, src, options, seq_len, workdir, reference, say)
+            run = RunState(model, src, options, seq_len, workdir, reference, say, mixed_plan)
             del model  # the run owns it now, and drops it once the last variant no longer needs it
             for index, qmode in enumerate(options.qmodes):
                 run.variants.append(build_variant(run, qmode, last=index == len(options.qmodes) - 1))

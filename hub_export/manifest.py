@@ -44,6 +44,8 @@ class Variant:
     data_file: str | None = None
     data_size_bytes: int | None = None
     data_sha256: str | None = None
+    # How it was quantized beyond its qmode: {"int4_scales": "hqq", "mixed": the calibrated plan}.
+    recipe: dict[str, Any] | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -224,6 +226,35 @@ def check_variant(where: str, index: int, data: Any) -> None:
     if not isinstance(fallback, list) or not all(isinstance(name, str) for name in fallback):
         raise _bad(where, f"{what}.per_channel_fallback", "is not a list of layer names")
     _check_data_file(where, what, data)
+    _check_recipe(where, f"{what}.recipe", data.get("recipe"))
+
+
+_LAYER_NAME = re.compile(r"[A-Za-z0-9_.]{1,200}")
+
+
+def _check_recipe(where: str, what: str, recipe: Any) -> None:
+    """Layer names and short labels only: the card shows them."""
+    from .quantize import INT4_SCALES
+
+    if recipe is None:
+        return
+    _check_type(where, what, recipe, dict, "an object")
+    if set(recipe) - {"int4_scales", "mixed"}:
+        raise _bad(where, what, f"has unknown key {sorted(set(recipe) - {'int4_scales', 'mixed'})[0][:40]!r}")
+    if "int4_scales" in recipe and recipe["int4_scales"] not in INT4_SCALES:
+        raise _bad(where, f"{what}.int4_scales", f"is {repr(recipe['int4_scales'])[:40]}, not one of {', '.join(INT4_SCALES)}")
+    mixed = recipe.get("mixed")
+    if mixed is None:
+        return
+    _check_type(where, f"{what}.mixed", mixed, dict, "an object")
+    layers = mixed.get("eight_bit", [])
+    if not isinstance(layers, list) or len(layers) > 100_000 or not all(
+            isinstance(name, str) and _LAYER_NAME.fullmatch(name) for name in layers):
+        raise _bad(where, f"{what}.mixed.eight_bit", "is not a list of layer names (letters, digits, '._')")
+    for key in ("budget", "text"):
+        value = mixed.get(key, "")
+        if not isinstance(value, str) or len(value) > 200 or not value.isprintable() or any(c in value for c in "<>[]`|"):
+            raise _bad(where, f"{what}.mixed.{key}", "is not a short plain label")
 
 
 def _check_data_file(where: str, what: str, data: dict[str, Any]) -> None:

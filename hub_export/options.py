@@ -14,7 +14,7 @@ Example:
     ['model-8da4w-emb8w.pte', 'model-fp32-emb8w.pte']
     >>> ExportOptions(qmodes=("9w",))
     Traceback (most recent call last):
-    hub_export.errors.InputError: unknown --qmode '9w'; choose from fp32, 8da4w, 8da8w, 4w, 8w
+    hub_export.errors.InputError: unknown --qmode '9w'; choose from fp32, 8da4w, 8da8w, mixed, 4w, 8w
 """
 
 from __future__ import annotations
@@ -27,6 +27,7 @@ from typing import Any, Iterator
 from . import quantize
 from .errors import InputError, opt
 
+DEFAULT_SIZE_RATIO = 1.15  # the mixed qmode's default size cap, relative to plain 8da4w
 DEFAULT_QUALITY_TOKENS = 2048  # hub_export.verify.DEFAULT_QUALITY_TOKENS, without importing torch here
 EXPORT_AND_PUSH = ("export", "push")
 SOURCE_OPTIONS = ("base_model", "license", "model_name", "revision", "gguf_file")
@@ -75,6 +76,20 @@ class ExportOptions:
         False, "--share-embeddings",
         help="Store a tied embedding table once: each variant becomes a .pte plus a .ptd data file (needs "
              f"--qembedding 8w; qmodes {', '.join(quantize.SHAREABLE_QMODES)}).")
+    int4_scales: str = _option(
+        "hqq", "--int4-scales",
+        help=f"How int4 scales are chosen: {' or '.join(quantize.INT4_SCALES)} (hqq: torchao's HQQ scale search, the "
+             "same format and speed; minmax: each group's largest weight).")
+    max_size_ratio: float | None = _option(
+        None, "--max-size-ratio", show_default=False,
+        help="--qmode mixed: keep layers int8 while the file stays within this size relative to plain 8da4w "
+             "(default 1.15, or no limit with --max-ppl-ratio).")
+    max_ppl_ratio: float | None = _option(
+        None, "--max-ppl-ratio", show_default=False,
+        help="--qmode mixed: keep the most sensitive layers int8 until perplexity on the calibration text is "
+             "within this ratio of fp32's.")
+    calibration: bool = _option(
+        True, help="--qmode mixed: measure each layer's sensitivity on the calibration text (off: plain int4).")
     quality_tokens: int = _option(
         DEFAULT_QUALITY_TOKENS, "--quality-tokens",
         help="Tokens of English text each variant is scored on (perplexity, top-1, KL vs fp32); 0: off.")
@@ -118,8 +133,39 @@ class ExportOptions:
                     f"table){'; drop ' + ', '.join(others) if others else ''}", param="share_embeddings",
                 )
         quantize.validate(list(self.qmodes), self.qembedding, self.group_size)
+        self._validate_recipe()
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise InputError(f"{opt('max_seq_len')} must be at least 2 (got {self.max_seq_len})", param="max_seq_len")
+
+    def _validate_recipe(self) -> None:
+        if self.int4_scales not in quantize.INT4_SCALES:
+            raise InputError(f"unknown {opt('int4_scales')} {self.int4_scales!r}; choose from "
+                             f"{', '.join(quantize.INT4_SCALES)}", param="int4_scales")
+        budgets = [name for name in ("max_size_ratio", "max_ppl_ratio") if getattr(self, name) is not None]
+        calibrated = [mode for mode in self.qmodes if quantize.QMODES[mode].calibrated]
+        if budgets and not calibrated:
+            raise InputError(f"{opt(budgets[0])} sets the budget of {opt('qmodes')} mixed", param=budgets[0],
+                             hint=f"add {opt('qmodes')} mixed, or drop {opt(budgets[0])}")
+        if budgets and not self.calibration:
+            raise InputError(f"{opt(budgets[0])} needs the calibration that {opt('no_calibration')} turns off",
+                             param=budgets[0], hint="drop one of them")
+        if self.max_size_ratio is not None and not 1.0 <= self.max_size_ratio <= 4.0:
+            raise InputError(f"{opt('max_size_ratio')} must be between 1.0 (plain 8da4w's size) and 4.0 "
+                             f"(got {self.max_size_ratio})", param="max_size_ratio")
+        if self.max_ppl_ratio is not None and not self.max_ppl_ratio > 1.0:
+            raise InputError(f"{opt('max_ppl_ratio')} must be above 1.0, fp32's perplexity (got {self.max_ppl_ratio})",
+                             param="max_ppl_ratio")
+
+    @property
+    def size_budget(self) -> float | None:
+        """The mixed qmode's size cap relative to plain 8da4w: as given, else 1.15 unless a perplexity target rules."""
+        if self.max_size_ratio is not None:
+            return self.max_size_ratio
+        return None if self.max_ppl_ratio is not None else DEFAULT_SIZE_RATIO
+
+    def recipe(self, eight_bit: frozenset[str] = frozenset()) -> quantize.Recipe:
+        """The quantization recipe of these options (``eight_bit``: the calibrated plan's int8 layers)."""
+        return quantize.Recipe(scales=self.int4_scales, eight_bit=eight_bit)
 
     def replace(self, **changes: Any) -> "ExportOptions":
         """A copy with ``changes``, validated again."""

@@ -22,7 +22,7 @@ from __future__ import annotations
 from typing import Callable
 
 # Stages that count as a step of the job; anything else is a note within the current step.
-STEPS = ("resolve", "load", "reference", "quantize", "export", "lower", "verify", "check", "upload")
+STEPS = ("resolve", "load", "reference", "calibrate", "quantize", "export", "lower", "verify", "check", "upload")
 
 
 class ProgressEvent(str):

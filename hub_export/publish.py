@@ -316,6 +316,9 @@ def _payload(folder: Path, local: Manifest, merged: Manifest, card_text: str) ->
             files[name] = folder / name
     files[MANIFEST_NAME] = (json.dumps(merged.to_dict(), indent=2) + "\n").encode()
     files[CARD_NAME] = card_text.encode("utf-8")
+    plot = card_module.frontier_png(merged)
+    if plot is not None:
+        files[card_module.FRONTIER_PLOT] = plot
     return files
 
 
@@ -471,12 +474,29 @@ def _already_built(remote: Manifest, source: str | None, options: ExportOptions,
             and (not QMODES[qmode].grouped or variant.group_size == options.group_size)
             and bool(variant.data_file) == options.share_embeddings
             and scored == (options.quality_tokens > 0)
+            and _same_recipe(variant, options)
         )
         if not same:
             return []
         wanted.append(variant.file)
     fingerprint = peek_fingerprint(source, options.gguf_file, options.revision, token, endpoint)
     return wanted if fingerprint and fingerprint == remote.source.get("fingerprint") else []
+
+
+def _same_recipe(variant: Variant, options: ExportOptions) -> bool:
+    """Whether ``variant`` was quantized with the int4 scales and the mixed budget ``options`` ask for."""
+    from .calibrate import MixedPlan, budget_label
+
+    mode = QMODES[variant.qmode]
+    recipe = variant.recipe or {}
+    if mode.weight_bits == 4 and recipe.get("int4_scales") != options.int4_scales:
+        return False
+    if not mode.calibrated:
+        return True
+    plan = MixedPlan.from_dict(recipe.get("mixed"))
+    if plan is None or plan.calibrated != options.calibration:
+        return False
+    return not options.calibration or plan.budget == budget_label(options)
 
 
 def _check_push_arguments(source, from_dir, output_dir, template) -> None:

@@ -32,6 +32,7 @@ class QMode:
     # Export time relative to 8da4w, measured on the SmolLM2-shaped benchmark; the
     # worker pool starts the costliest variants first so the last one to finish is short.
     relative_cost: float = 1.0
+    calibrated: bool = False  # which layers stay int8 is measured on the calibration text (hub_export.calibrate)
 
     @property
     def tolerance(self) -> str:
@@ -78,18 +79,36 @@ def _is_embedding(module) -> bool:
     return isinstance(module, nn.Embedding)
 
 
+# How int4 scales are chosen. "hqq": torchao's HQQ scale search (scales that minimise the
+# weights' rounding error, same symmetric int4 format and kernels); "minmax": each group's
+# largest magnitude maps to the int4 range. What each costs in perplexity on a real model:
+# benchmarks/quant_recipes.py and its results.
+INT4_SCALES = ("hqq", "minmax")
+
+
+def _scale_algorithm(bits: int, scales: str):
+    from torchao.quantization.quantize_.workflows.intx.intx_choose_qparams_algorithm import (
+        IntxChooseQParamsAlgorithm,
+    )
+
+    hqq = bits == 4 and scales == "hqq"
+    return IntxChooseQParamsAlgorithm.HQQ_SCALE_ONLY if hqq else IntxChooseQParamsAlgorithm.AFFINE
+
+
 def _dynamic_act(bits: int):
-    def make(granularity):
+    def make(granularity, scales: str = "minmax"):
         config_cls, _, _, _ = _torchao()
-        return config_cls(weight_dtype=_dtype(bits), weight_granularity=granularity)
+        return config_cls(weight_dtype=_dtype(bits), weight_granularity=granularity,
+                          intx_choose_qparams_algorithm=_scale_algorithm(bits, scales))
 
     return make
 
 
 def _weight_only(bits: int):
-    def make(granularity):
+    def make(granularity, scales: str = "minmax"):
         _, config_cls, _, _ = _torchao()
-        return config_cls(weight_dtype=_dtype(bits), granularity=granularity)
+        return config_cls(weight_dtype=_dtype(bits), granularity=granularity,
+                          intx_choose_qparams_algorithm=_scale_algorithm(bits, scales))
 
     return make
 
@@ -100,6 +119,8 @@ QMODES: dict[str, QMode] = {
         QMode("fp32", "no quantization (float32 weights)", 32, False, None, relative_cost=0.4),
         QMode("8da4w", "int8 dynamic activations, int4 grouped weights", 4, True, _dynamic_act(4)),
         QMode("8da8w", "int8 dynamic activations, int8 per-channel weights", 8, False, _dynamic_act(8)),
+        QMode("mixed", "int8 dynamic activations, int4 grouped weights, the most sensitive layers int8 (calibrated)",
+              4, True, _dynamic_act(4), relative_cost=1.1, calibrated=True),
         QMode("4w", "float32 activations, int4 per-channel weights", 4, False, _weight_only(4), True, 0.5),
         QMode("8w", "float32 activations, int8 per-channel weights", 8, False, _weight_only(8), True, 0.5),
     )
@@ -108,13 +129,26 @@ QMODES: dict[str, QMode] = {
 QEMBEDDINGS: dict[str, int] = {"4w": 4, "8w": 8}
 
 
+@dataclass(frozen=True)
+class Recipe:
+    """What a variant's quantization needs beyond its qmode: the int4 scale choice and the int8 layers.
+
+    ``eight_bit`` (the ``mixed`` qmode) names linears kept int8 per channel with int8
+    dynamic activations (8da8w's recipe); the rest get the qmode's.
+    """
+
+    scales: str = "hqq"
+    eight_bit: frozenset[str] = frozenset()
+
+
 def _granularity(grouped: bool, group_size: int):
     _, _, PerAxis, PerGroup = _torchao()
     return PerGroup(group_size) if grouped else PerAxis(0)
 
 
 def quantize_linears(
-    model: "nn.Module", qmode: str, group_size: int = DEFAULT_GROUP_SIZE, exclude: tuple = ()
+    model: "nn.Module", qmode: str, group_size: int = DEFAULT_GROUP_SIZE, exclude: tuple = (),
+    recipe: Recipe = Recipe(),
 ) -> list[str]:
     """Quantize every ``nn.Linear`` of ``model`` but those in ``exclude``, in place.
 
@@ -143,14 +177,18 @@ def quantize_linears(
                 ", ..." if len(fallback) > 3 else "",
             )
     fallback_set = set(fallback)
+    eight_bit = set(recipe.eight_bit) - fallback_set
 
     def grouped(module, fqn):
-        return _is_linear(module) and fqn not in fallback_set and _kept(module, exclude)
+        return _is_linear(module) and fqn not in fallback_set | eight_bit and _kept(module, exclude)
 
     def per_channel(module, fqn):
         return _is_linear(module) and fqn in fallback_set
 
-    quantize_(model, mode.config(_granularity(mode.grouped, group_size)), filter_fn=grouped)
+    if eight_bit:
+        quantize_(model, _dynamic_act(8)(_granularity(False, group_size)),
+                  filter_fn=lambda module, fqn: _is_linear(module) and fqn in eight_bit and _kept(module, exclude))
+    quantize_(model, mode.config(_granularity(mode.grouped, group_size), recipe.scales), filter_fn=grouped)
     if fallback:
         quantize_(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=per_channel)
     if mode.weight_only:
@@ -195,6 +233,7 @@ def quantize_model(
     qembedding: str | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
     share_embeddings: bool = False,
+    recipe: Recipe = Recipe(),
 ) -> list[str]:
     """Apply ``qembedding`` then ``qmode`` to ``model`` in place; returns per-channel fallbacks.
 
@@ -210,12 +249,12 @@ def quantize_model(
     drop_padding_index(model)
     quantize_embeddings(model, qembedding)
     if not share_embeddings or QMODES[qmode].weight_bits == 8:  # 8-bit per-channel heads already match the table
-        return quantize_linears(model, qmode, group_size)
+        return quantize_linears(model, qmode, group_size, recipe=recipe)
     from torchao.quantization import quantize_
 
     head = model.get_output_embeddings()
     quantize_(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=lambda module, fqn: module is head)
-    return quantize_linears(model, qmode, group_size, exclude=(head,))
+    return quantize_linears(model, qmode, group_size, exclude=(head,), recipe=recipe)
 
 
 def validate(qmodes: list[str], qembedding: str | None, group_size: int) -> None:

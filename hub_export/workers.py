@@ -31,6 +31,7 @@ from .options import ExportOptions
 from .quiet import quiet_libraries, quiet_torch
 
 if TYPE_CHECKING:
+    from .calibrate import MixedPlan
     from .manifest import Variant
     from .source import Source
     from .verify import Reference
@@ -57,6 +58,7 @@ class VariantJob:
     reference: "Reference | None"
     threads: int
     quiet: bool
+    mixed_plan: "MixedPlan | None" = None
 
 
 def usable_cpus() -> int:
@@ -128,7 +130,7 @@ def _work(job: VariantJob, messages) -> None:
         model = load_model(job.src.path, job.options.trust_remote_code)
         run = RunState(
             model, job.src, job.options, job.max_seq_len, job.workdir, job.reference,
-            say=lambda *event: messages.put(("say", job.index, event)),
+            say=lambda *event: messages.put(("say", job.index, event)), mixed_plan=job.mixed_plan,
         )
         del model
         messages.put(("done", job.index, build_variant(run, job.qmode, last=True)))

@@ -93,9 +93,9 @@ def _check_family(model_type: str, family_exports) -> None:
     assert [v.qmode for v in manifest.variants] == ["fp32", "8da4w"]
     for variant in manifest.variants:
         check = variant.verification
-        assert check["passed"], check
-        assert check["mean_kl_vs_eager"] <= check["max_kl"]
-        assert check["runner_generated_tokens"] >= 1  # TextLLMRunner ran the file
+        assert check.passed, check
+        assert check.mean_kl_vs_eager <= check.max_kl
+        assert check.runner_generated_tokens >= 1  # TextLLMRunner ran the file
     assert manifest.variant("fp32").verification.max_abs_diff < 1e-3
 
 

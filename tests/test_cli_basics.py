@@ -45,7 +45,8 @@ def test_every_option_field_is_a_flag_of_the_commands_that_take_it() -> None:
 
 def test_the_reproduce_command_parses_back_to_the_same_options(monkeypatch) -> None:
     options = ExportOptions(
-        qmodes=("8da4w", "fp32"), qembedding="8w", group_size=64, max_seq_len=128, quality_tokens=256,
+        qmodes=("8da4w", "mixed"), qembedding="8w", group_size=64, max_seq_len=128, quality_tokens=256,
+        int4_scales="minmax", max_size_ratio=1.2, max_ppl_ratio=1.3,
         gguf_file="model.Q4_0.gguf", base_model="acme/Base", license="mit", model_name="Tiny Chat", revision="v1",
         trust_remote_code=True, allow_pickle=True,
     )
@@ -57,6 +58,9 @@ def test_the_reproduce_command_parses_back_to_the_same_options(monkeypatch) -> N
     parsed = _options_seen_by(monkeypatch, "export", [*shlex.split(arguments), "-o", "out"])
     assert parsed == options
     assert _options_seen_by(monkeypatch, "push", shlex.split(arguments)) == options
+    plain = ExportOptions(qmodes=("mixed",), calibration=False)
+    assert plain.command("m") == "hub-export export m --qmode mixed --no-calibration"
+    assert _options_seen_by(monkeypatch, "export", ["m", "-o", "out", "--qmode", "mixed", "--no-calibration"]) == plain
     # Options that do not change the files stay out of the command, not out of the object.
     fast = options.replace(jobs=2, verify=False)
     assert fast.command("acme/model") == command

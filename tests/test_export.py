@@ -39,10 +39,10 @@ def test_manifest_records_what_a_user_needs(exported_multi):
         assert variant.max_seq_len == 64 and variant.qembedding == "8w"
         assert variant.export_seconds > 0
         check = variant.verification
-        assert check["passed"] and check["mean_kl_vs_eager"] <= check["max_kl"]
-        assert check["top1_within_ties"] >= check["min_top1"] and check["runner_generated_tokens"] >= 1
+        assert check.passed and check.mean_kl_vs_eager <= check.max_kl
+        assert check.top1_within_ties >= check.min_top1 and check.runner_generated_tokens >= 1
         # every variant is scored on the evaluation text (random weights: perplexity near the vocabulary size)
-        assert check["quality"]["tokens"] >= 2000 and check["quality"]["perplexity"] > 1
+        assert check.quality.tokens >= 2000 and check.quality.perplexity > 1
     assert manifest.variant("8da4w").group_size == 32 and manifest.variant("fp32").group_size is None
     # fp32 must match eager almost exactly; the quantized variant must be far smaller.
     assert manifest.variant("fp32").verification.max_abs_diff < 1e-3
@@ -188,11 +188,11 @@ def test_weight_only_4w_and_8w_match_eager_and_shrink_the_file(biased_model, tmp
     by_mode = {v.qmode: v for v in manifest.variants}
     for mode in ("4w", "8w"):
         check = by_mode[mode].verification
-        assert check["passed"] and check["runner_generated_tokens"] >= 1
+        assert check.passed and check.runner_generated_tokens >= 1
         # Float activations: the runtime must reproduce the quantized eager model almost
         # exactly, while quantization itself visibly moved the logits.
-        assert check["relative_l2"] < 1e-4, check
-        assert check["quant_max_abs_diff_vs_fp32"] > 100 * check["max_abs_diff"], check
+        assert check.relative_l2 < 1e-4, check
+        assert check.quant_max_abs_diff_vs_fp32 > 100 * check.max_abs_diff, check
         assert by_mode[mode].group_size is None
     # Each linear weight costs 4, 1 and 1/2 bytes (the embedding stays fp32 in all three).
     from torch import nn

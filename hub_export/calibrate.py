@@ -1,0 +1,260 @@
+"""Calibrate: measure how much each linear layer's int4 rounding hurts, and plan the ``mixed`` qmode.
+
+A layer's *sensitivity* is the mean KL divergence of the model's next-token distribution
+from fp32's, over the calibration text shipped with the package (``data/calib_en.txt``,
+disjoint from the evaluation text the quality figures use), when that layer alone has
+its weights rounded to int4 exactly as the variant will round them (same group size,
+same scale choice). The plan then keeps layers int8 (8da8w's recipe), most damage
+avoided per added byte first, until the budget is spent: a file size relative to plain
+8da4w (``--max-size-ratio``, default 1.15), or a perplexity on the calibration text
+relative to fp32's (``--max-ppl-ratio``).
+
+Measuring takes one forward pass of the calibration text per linear layer; it runs once
+per export run, in the parent process, however many variants use the plan.
+"""
+
+from __future__ import annotations
+
+import copy
+import math
+import time
+from dataclasses import asdict, dataclass, field
+from importlib import resources
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import quantize
+
+if TYPE_CHECKING:
+    import torch
+
+    from .options import ExportOptions
+
+CALIBRATION_TEXT = "calib_en.txt"
+CALIBRATION_TOKENS = 128
+SCALE_BYTES = 2  # per int4 group in XNNPACK's blockwise kernels (bf16 scales)
+
+
+@dataclass
+class MixedPlan:
+    """Which linears of a ``mixed`` variant stay int8, and why (recorded in the manifest)."""
+
+    eight_bit: list[str] = field(default_factory=list)
+    linears: int = 0  # layers considered
+    budget: str = ""  # "size 1.15x 8da4w" or "perplexity 1.25x fp32 (calibration text)"
+    size_ratio: float | None = None  # estimated file size relative to plain 8da4w
+    ppl_ratio: float | None = None  # fake-quantized perplexity on the calibration text / fp32's
+    text: str = CALIBRATION_TEXT
+    tokens: int = 0
+    seconds: float = 0.0
+    calibrated: bool = True
+
+    @classmethod
+    def from_dict(cls, data: Any) -> "MixedPlan | None":
+        """A plan read back from a (schema-checked) manifest; figures of the wrong type are dropped."""
+        if not isinstance(data, dict):
+            return None
+
+        def number(key: str, kind: type) -> Any:
+            value = data.get(key)
+            return value if isinstance(value, (int, float)) and not isinstance(value, bool) and kind(value) == value \
+                else None
+
+        return cls(eight_bit=list(data.get("eight_bit") or []), linears=number("linears", int) or 0,
+                   budget=str(data.get("budget") or ""), size_ratio=number("size_ratio", float),
+                   ppl_ratio=number("ppl_ratio", float), text=str(data.get("text") or CALIBRATION_TEXT),
+                   tokens=number("tokens", int) or 0, seconds=number("seconds", float) or 0.0,
+                   calibrated=data.get("calibrated") is not False)
+
+    def to_dict(self) -> dict[str, Any]:
+        data = asdict(self)
+        for key in ("size_ratio", "ppl_ratio", "seconds"):
+            if isinstance(data[key], float):
+                data[key] = round(data[key], 4)
+        return data
+
+    def summary(self) -> str:
+        """One line for the card and the CLI."""
+        if not self.calibrated:
+            return "no calibration (--no-calibration): every linear int4"
+        kept = ", ".join(_short(name) for name in self.eight_bit[:4]) + (", ..." if len(self.eight_bit) > 4 else "")
+        return (f"{len(self.eight_bit)} of {self.linears} linears int8 ({kept or 'none'}), the most sensitive per "
+                f"byte on {self.tokens} tokens of {self.text}; budget {self.budget}")
+
+
+def _short(name: str) -> str:
+    return name.removeprefix("model.").replace("layers.", "L").replace("self_attn.", "").replace("mlp.", "")
+
+
+def budget_label(options: "ExportOptions") -> str:
+    """The budget a mixed variant was planned under, as its manifest records it."""
+    cap = options.size_budget
+    if options.max_ppl_ratio is None:
+        return f"size {cap:.2f}x 8da4w"
+    return f"perplexity {options.max_ppl_ratio:.2f}x fp32 on the calibration text" + (
+        f", size at most {cap:.2f}x 8da4w" if cap is not None else "")
+
+
+def calibration_ids(tokenizer_json: Path, tokens: int) -> "torch.Tensor":
+    import torch
+    from tokenizers import Tokenizer
+
+    text = resources.files("hub_export").joinpath("data", CALIBRATION_TEXT).read_text(encoding="utf-8")
+    ids = Tokenizer.from_file(str(tokenizer_json)).encode(text).ids[:tokens]
+    return torch.tensor([ids])
+
+
+def _linears(model: "torch.nn.Module", group_size: int) -> dict[str, "torch.nn.Module"]:
+    """The linears a mixed variant quantizes int4 (those a group divides; others fall back to int8 anyway)."""
+    import torch
+
+    return {name: module for name, module in model.named_modules()
+            if isinstance(module, torch.nn.Linear) and module.in_features % group_size == 0}
+
+
+def _rounded_weight(linear: "torch.nn.Module", bits: int, group_size: int, scales: str) -> "torch.Tensor":
+    """``linear``'s weight as the variant stores it (int4 grouped or int8 per channel), back in float."""
+    from torchao.quantization import quantize_
+
+    probe = copy.deepcopy(linear)
+    config = quantize._dynamic_act(bits)(quantize._granularity(bits == 4, group_size), scales)
+    quantize_(probe, config)
+    return probe.weight.dequantize().float()
+
+
+class _Swapper:
+    """Puts rounded weights into a model's linears and takes them out again (tied heads included)."""
+
+    def __init__(self, linears: dict[str, "torch.nn.Module"]):
+        self.linears = linears
+        self.original = {name: module.weight for name, module in linears.items()}
+
+    def set(self, weights: dict[str, "torch.Tensor"]) -> None:
+        import torch
+
+        for name, module in self.linears.items():
+            # A new Parameter, not a write into the old one: a tied head shares it with the embedding.
+            module.weight = torch.nn.Parameter(weights[name], requires_grad=False) if name in weights \
+                else self.original[name]
+
+    def restore(self) -> None:
+        self.set({})
+
+
+def _logprobs(model: "torch.nn.Module", ids: "torch.Tensor") -> "torch.Tensor":
+    import torch
+
+    with torch.no_grad():
+        return torch.log_softmax(model(ids).logits[0].float(), -1)
+
+
+def _kl(reference: "torch.Tensor", logprobs: "torch.Tensor") -> float:
+    return float((reference.exp() * (reference - logprobs)).sum(-1).mean())
+
+
+def _perplexity(logprobs: "torch.Tensor", ids: "torch.Tensor") -> float:
+    targets = ids[0, 1:].view(-1, 1)
+    return math.exp(-float(logprobs[:-1].gather(-1, targets).mean()))
+
+
+def _bytes(linear: "torch.nn.Module", bits: int, group_size: int) -> float:
+    rows, cols = linear.out_features, linear.in_features
+    if bits == 4:
+        return rows * cols / 2 + rows * (cols / group_size) * SCALE_BYTES
+    return rows * cols + rows * 4
+
+
+def plain_size(model: "torch.nn.Module", linears: dict[str, "torch.nn.Module"], options: "ExportOptions") -> float:
+    """Estimated bytes of the plain 8da4w file: int4 linears, the embedding as ``--qembedding`` stores it, float rest."""
+    import torch
+
+    in_linears = {id(module.weight) for module in linears.values()}
+    total = sum(_bytes(module, 4, options.group_size) for module in linears.values())
+    per_param = {None: 4.0, "8w": 1.0, "4w": 0.5}[options.qembedding]
+    for module in model.modules():
+        if isinstance(module, torch.nn.Embedding):
+            total += module.weight.numel() * per_param + (module.num_embeddings * 4 if options.qembedding else 0)
+    seen = set(in_linears) | {id(m.weight) for m in model.modules() if isinstance(m, torch.nn.Embedding)}
+    for param in model.parameters():
+        if id(param) not in seen:
+            seen.add(id(param))
+            total += param.numel() * 4
+    return total
+
+
+def plan_mixed(model: "torch.nn.Module", tokenizer_json: Path, options: "ExportOptions",
+               say: Callable[[str], None] = lambda message: None, tokens: int = CALIBRATION_TOKENS) -> MixedPlan:
+    """Measure every linear's sensitivity on the calibration text and choose the int8 ones within the budget.
+
+    ``model`` is the fp32 model; it is left as it was found.
+    """
+    if not options.calibration:
+        return MixedPlan(calibrated=False)
+    started = time.perf_counter()
+    ids = calibration_ids(tokenizer_json, tokens)
+    linears = _linears(model, options.group_size)
+    swapper = _Swapper(linears)
+    reference = _logprobs(model, ids)
+    int4 = {name: _rounded_weight(module, 4, options.group_size, options.int4_scales)
+            for name, module in linears.items()}
+    rounded: dict[int, dict] = {4: int4}
+    sensitivity = {}
+    try:
+        for index, name in enumerate(linears):
+            if index % 25 == 0:
+                say(f"calibrating: layer {index + 1} of {len(linears)} ({_short(name)})")
+            swapper.set({name: int4[name]})
+            sensitivity[name] = _kl(reference, _logprobs(model, ids))
+        swapper.restore()
+        extra = {name: _bytes(m, 8, options.group_size) - _bytes(m, 4, options.group_size)
+                 for name, m in linears.items()}
+        order = sorted(linears, key=lambda name: -sensitivity[name] / extra[name])
+        plain = plain_size(model, linears, options)
+        cap = options.size_budget
+        room = (cap - 1.0) * plain if cap is not None else math.inf
+        fitting, used = [], 0.0
+        for name in order:
+            if used + extra[name] <= room:
+                fitting.append(name)
+                used += extra[name]
+        budget = budget_label(options)
+        if options.max_ppl_ratio is None:
+            chosen = fitting
+        else:
+            rounded[8] = {name: _rounded_weight(m, 8, options.group_size, options.int4_scales)
+                          for name, m in linears.items()}
+            chosen = _fewest_for_perplexity(model, swapper, rounded, fitting, ids, options)
+        rounded.setdefault(8, {name: _rounded_weight(linears[name], 8, options.group_size, options.int4_scales)
+                               for name in chosen})
+        ppl_ratio = _ppl_ratio(model, swapper, rounded, set(chosen), ids)
+    finally:
+        swapper.restore()
+    added = sum(extra[name] for name in chosen)
+    return MixedPlan(eight_bit=sorted(chosen, key=list(linears).index), linears=len(linears), budget=budget,
+                     size_ratio=1.0 + added / plain, ppl_ratio=ppl_ratio, tokens=int(ids.shape[1]),
+                     seconds=time.perf_counter() - started)
+
+
+def _ppl_ratio(model, swapper: _Swapper, rounded: dict, eight: set[str], ids) -> float:
+    """Perplexity on the calibration text with every linear rounded as the plan says, over fp32's."""
+    swapper.restore()
+    fp32 = _perplexity(_logprobs(model, ids), ids)
+    swapper.set({name: rounded[8 if name in eight else 4][name] for name in rounded[4]})
+    ratio = _perplexity(_logprobs(model, ids), ids) / fp32
+    swapper.restore()
+    return ratio
+
+
+def _fewest_for_perplexity(model, swapper: _Swapper, rounded: dict, order: list[str], ids,
+                           options: "ExportOptions") -> list[str]:
+    """The shortest prefix of ``order`` whose perplexity ratio meets ``--max-ppl-ratio`` (the whole list if none does)."""
+    low, high = 0, len(order)
+    if _ppl_ratio(model, swapper, rounded, set(order), ids) > options.max_ppl_ratio:
+        return order  # out of reach within the size cap: keep all that fit
+    while low < high:  # the ratio falls, give or take noise, as layers are kept int8
+        middle = (low + high) // 2
+        if _ppl_ratio(model, swapper, rounded, set(order[:middle]), ids) <= options.max_ppl_ratio:
+            high = middle
+        else:
+            low = middle + 1
+    return order[:low]

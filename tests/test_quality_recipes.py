@@ -1,0 +1,108 @@
+"""4-bit recipes: HQQ scales, measured sensitivity and the calibrated mixed qmode (tiny models; the real one is a benchmark)."""
+
+from __future__ import annotations
+
+import pytest
+
+from hub_export.errors import InputError
+from hub_export.options import ExportOptions
+
+
+@pytest.fixture(scope="module")
+def fp32_model(tiny_model):
+    from hub_export.build import load_model
+
+    return load_model(tiny_model, False)
+
+
+def test_hqq_scales_round_weights_closer_than_minmax(fp32_model):
+    """The option reaches torchao: HQQ searches scales that lower the weights' rounding error, same int4 format."""
+    import torch
+
+    from hub_export.calibrate import _rounded_weight
+
+    linear = fp32_model.model.layers[0].mlp.down_proj
+    weight = linear.weight.detach()
+    errors = {scales: float((_rounded_weight(linear, 4, 32, scales) - weight).norm()) for scales in ("hqq", "minmax")}
+    assert errors["hqq"] < 0.97 * errors["minmax"], errors
+    assert torch.equal(_rounded_weight(linear, 8, 32, "hqq"), _rounded_weight(linear, 8, 32, "minmax"))  # int8: as before
+
+
+def test_the_plan_spends_the_budget_on_the_most_damage_per_byte(fp32_model, tiny_model):
+    from hub_export.calibrate import plan_mixed
+
+    tokenizer = tiny_model / "tokenizer.json"
+    nothing = plan_mixed(fp32_model, tokenizer, ExportOptions(qmodes=("mixed",), max_size_ratio=1.0), tokens=48)
+    assert nothing.eight_bit == [] and nothing.size_ratio == 1.0 and nothing.linears > 10
+    everything = plan_mixed(fp32_model, tokenizer, ExportOptions(qmodes=("mixed",), max_size_ratio=4.0), tokens=48)
+    assert len(everything.eight_bit) == everything.linears and everything.ppl_ratio <= nothing.ppl_ratio
+    some = plan_mixed(fp32_model, tokenizer, ExportOptions(qmodes=("mixed",), max_size_ratio=1.1), tokens=48)
+    assert 0 < len(some.eight_bit) < some.linears and 1.0 < some.size_ratio <= 1.1
+    assert "budget size 1.10x 8da4w" in some.summary() and f"of {some.linears} linears int8" in some.summary()
+    quality = plan_mixed(fp32_model, tokenizer, ExportOptions(qmodes=("mixed",), max_ppl_ratio=1e6), tokens=48)
+    assert quality.eight_bit == []  # any int4 model meets a target that loose
+    assert plan_mixed(fp32_model, tokenizer, ExportOptions(qmodes=("mixed",), calibration=False)).calibrated is False
+
+
+def test_calibration_leaves_the_model_as_it_was(fp32_model, tiny_model):
+    import torch
+
+    from hub_export.calibrate import plan_mixed
+
+    before = {name: tensor.clone() for name, tensor in fp32_model.state_dict().items()}
+    tied = fp32_model.lm_head.weight is fp32_model.model.embed_tokens.weight
+    plan_mixed(fp32_model, tiny_model / "tokenizer.json", ExportOptions(qmodes=("mixed",)), tokens=32)
+    after = fp32_model.state_dict()
+    assert all(torch.equal(before[name], after[name]) for name in before)
+    assert (fp32_model.lm_head.weight is fp32_model.model.embed_tokens.weight) == tied
+
+
+def test_a_mixed_variant_exports_verifies_and_says_what_it_kept(exported_multi, tiny_model, tmp_path):
+    from hub_export.card import render_card
+    from hub_export.export import export
+    from hub_export.manifest import Manifest
+
+    manifest = export(str(tiny_model), tmp_path / "out", qmodes=["mixed"], qembedding="8w", max_seq_len=64,
+                      max_size_ratio=1.2)
+    (variant,) = manifest.variants
+    assert variant.file == "model-mixed-emb8w.pte" and variant.verification.verified
+    plan = variant.recipe["mixed"]
+    assert plan["eight_bit"] and plan["size_ratio"] <= 1.2 and plan["budget"] == "size 1.20x 8da4w"
+    assert variant.recipe["int4_scales"] == "hqq"
+    # The same model, embeddings and context as exported_multi's plain 8da4w file: the int8 layers cost bytes.
+    plain = Manifest.read(exported_multi).variant("8da4w")
+    assert plain.size_bytes < variant.size_bytes <= 1.2 * plain.size_bytes * 1.02
+    card = render_card(Manifest.read(tmp_path / "out"), repo_id="alice/tiny-ExecuTorch")
+    assert f"`model-mixed-emb8w.pte`: {len(plan['eight_bit'])} of " in card and "hqq scales" in card
+    assert "--qmode mixed" in manifest.command and "--max-size-ratio 1.2" in manifest.command
+
+
+@pytest.mark.parametrize("options, message", [
+    (dict(max_size_ratio=1.2), "--max-size-ratio sets the budget of --qmode mixed"),
+    (dict(qmodes=("mixed",), max_size_ratio=0.9), "--max-size-ratio must be between 1.0"),
+    (dict(qmodes=("mixed",), max_ppl_ratio=1.0), "--max-ppl-ratio must be above 1.0"),
+    (dict(qmodes=("mixed",), calibration=False, max_ppl_ratio=1.2), "--max-ppl-ratio needs the calibration that --no-calibration"),
+    (dict(int4_scales="gptq"), "unknown --int4-scales 'gptq'"),
+])
+def test_recipe_options_that_cannot_work_are_refused(options, message):
+    with pytest.raises(InputError) as refused:
+        ExportOptions(**options)
+    assert str(refused.value).startswith(message) and "\n" not in str(refused.value)
+
+
+def test_the_card_plots_size_against_quality_for_three_variants():
+    from hub_export.card import FRONTIER_PLOT, frontier_png, render_card
+    from hub_export.manifest import Manifest, Quality, Variant, Verification
+
+    def variant(qmode: str, size: int, ratio: float) -> Variant:
+        quality = Quality(text="eval_en.txt", tokens=2048, perplexity=20 * ratio, fp32_perplexity=20.0, ratio=ratio)
+        check = Verification(passed=True, mean_kl_vs_eager=0.01, top1_agreement=0.9, quality=quality)
+        return Variant(file=f"model-{qmode}.pte", qmode=qmode, qembedding=None, group_size=None, max_seq_len=64,
+                       size_bytes=size, sha256="0" * 64, metadata={}, verification=check, export_seconds=1.0)
+
+    two = Manifest(source={"id": "acme/m"}, versions={}, variants=[variant("8da4w", 100, 1.4), variant("fp32", 500, 1.0)])
+    assert frontier_png(two) is None and FRONTIER_PLOT not in render_card(two)
+    three = Manifest(source={"id": "acme/m"}, versions={}, variants=[*two.variants, variant("mixed", 115, 1.15)])
+    png = frontier_png(three)
+    assert png.startswith(b"\x89PNG") and png == frontier_png(three)  # same figures, same bytes
+    assert f"]({FRONTIER_PLOT})" in render_card(three)
