@@ -41,7 +41,8 @@ class Patch:
             _announced.add(self.name)
             log.warning(
                 "not applying the %s workaround: it was written for %s %s, this is %s (%s); %s",
-                self.name, self.package, " or ".join(self.versions), installed or "not installed",
+                self.name, self.package, " or ".join(v + "x" if v.endswith(".") else v for v in self.versions),
+                installed or "not installed",
                 self.upstream, self.without,
             )
         return False

@@ -117,4 +117,5 @@ def test_a_patch_for_other_versions_is_left_out_and_said_once(monkeypatch, caplo
                 assert group_partitioner._DependencyViewer is stock  # not patched
     warnings = [r.getMessage() for r in caplog.records if r.name == "hub_export.patches"]
     assert len(warnings) == 1
-    assert "dependency-viewers" in warnings[0] and "9.9.9" in warnings[0] and "800 MB" in warnings[0]
+    assert "dependency-viewers" in warnings[0] and "9.9.9" in warnings[0] and "memory" in warnings[0]
+    assert "executorch 1.5.x" in warnings[0]

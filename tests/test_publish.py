@@ -26,7 +26,7 @@ from hub_export.cli import app
 from hub_export.demo import build_tiny_model
 from hub_export.errors import HubError, InputError, VerificationError
 from hub_export.localhub.pytest_plugin import LocalHubFixture
-from hub_export.manifest import Manifest, sha256_file
+from hub_export.manifest import Manifest, Verification, sha256_file
 from hub_export.publish import PushResult, hub_errors, list_variants, pull, push
 
 HUB_EXPORT = Path(sys.executable).parent / "hub-export"
@@ -328,7 +328,7 @@ def test_nothing_is_pushed_from_a_folder_that_fails_verification(
     (altered / "model-8da4w.pte").write_bytes(bytes(data))
     unverified = shutil.copytree(export_8da4w, tmp_path / "unverified")
     manifest = Manifest.read(unverified)
-    manifest.variants[0].verification = {"skipped": True}
+    manifest.variants[0].verification = Verification.skipped_record()
     manifest.write(unverified)
 
     with pytest.raises(VerificationError, match="sha256"):
