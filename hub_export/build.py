@@ -149,7 +149,9 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)", "lower", name)
     path = run.workdir / name
     data_path = path.with_suffix(".ptd") if opts.share_embeddings else None
-    to_pte(program, metadata, path, data_path)
+    partitions = iter(range(1, 1 << 30))
+    to_pte(program, metadata, path, data_path,
+           on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name))
     del program, model
     if last:
         run.model = None

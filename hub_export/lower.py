@@ -3,7 +3,7 @@
 from __future__ import annotations
 
 from pathlib import Path
-from typing import Any
+from typing import Any, Callable
 
 import torch
 
@@ -143,12 +143,15 @@ def _tag_weights_external(tag: str):
 
 
 def to_pte(
-    program: torch.export.ExportedProgram, metadata: dict[str, Any], path: Path, data_path: Path | None = None
+    program: torch.export.ExportedProgram, metadata: dict[str, Any], path: Path, data_path: Path | None = None,
+    on_partition: Callable[[], None] | None = None,
 ) -> int:
     """Partition to XNNPACK, plan memory and write the ``.pte`` to ``path``; returns its size.
 
     ``do_quant_fusion_and_const_prop`` folds torchao's weight-only dequantize patterns
     (e.g. quantized embeddings) into ops the runtime has kernels for.
+
+    ``on_partition`` is called as XNNPACK starts on each partition (progress within lowering).
 
     With ``data_path`` (a ``.ptd`` next to ``path``) every weight, the program's and
     XNNPACK's alike, goes to that data file, where ExecuTorch stores byte-identical
@@ -164,7 +167,7 @@ def to_pte(
     inferred_reshapes(program)
     drop_provenance(program)
     with forgetting_tracing_caches():
-        with compact_dependency_viewers(), skipping_idle_xnnpack_passes():
+        with compact_dependency_viewers(), skipping_idle_xnnpack_passes(on_partition):
             edge = to_edge_transform_and_lower(
                 program,
                 transform_passes=[_tag_weights_external(tag)] if tag else None,

@@ -347,7 +347,7 @@ def _graph_op_names(graph: torch.fx.Graph) -> set[str]:
 
 @guarded("idle-xnnpack-passes", "executorch", ("1.5.",), upstream="executorch's XNNPACKPassManager.transform",
          without="every XNNPACK preprocess pass re-traces each partition (slower lowering)")
-def skipping_idle_xnnpack_passes():
+def skipping_idle_xnnpack_passes(on_partition: Callable[[], None] | None = None):
     """Meanwhile, XNNPACK's preprocess skips passes that cannot change the partition at hand.
 
     Every pass ends by re-tracing the whole partition under FakeTensor, whether or not
@@ -366,6 +366,8 @@ def skipping_idle_xnnpack_passes():
     triggers = _xnnpack_pass_triggers()
 
     def transform(self):
+        if on_partition is not None:
+            on_partition()  # XNNPACK preprocesses each partition through here: progress within lowering
         program = self.exported_program
         for pass_type in self.passes:
             alternatives = triggers.get(pass_type)

@@ -234,8 +234,15 @@ class BackgroundJob:
         finally:
             self._queue.put(self._DONE)  # last: the folder is gone and the slot free by now
 
-    def events(self, heartbeat: float = 1.0) -> Iterator[list[tuple[str, Any]]]:
-        """Batches of events as they come, ``[]`` after ``heartbeat`` s of silence; ends with the work."""
+    def events(self, heartbeat: float = 1.0, every: float = 0.0) -> Iterator[list[tuple[str, Any]]]:
+        """Batches of events as they come, ``[]`` after ``heartbeat`` s of silence; ends with the work.
+
+        ``every``: a batch at most that often (seconds). A page that redraws on every
+        streamed token takes the interpreter from the generation it shows; ten redraws a
+        second read the same and leave it alone.
+        """
+        import time
+
         self._thread.start()
         while True:
             try:
@@ -243,11 +250,12 @@ class BackgroundJob:
             except queue.Empty:
                 yield []
                 continue
-            batch = []
+            batch, due = [], time.monotonic() + every
             while item is not self._DONE:
                 batch.append(item)
                 try:
-                    item = self._queue.get_nowait()
+                    wait = due - time.monotonic()
+                    item = self._queue.get(timeout=wait) if wait > 0 else self._queue.get_nowait()
                 except queue.Empty:
                     break
             if batch:

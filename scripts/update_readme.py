@@ -9,6 +9,12 @@ import re
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
+# README section -> benchmarks/results/<name>.md
+BENCH_SECTIONS = (
+    ("bench-real", "smollm2-135m-instruct"),
+    ("bench-table", "smollm2-135m-shaped"),
+    ("bench-recipes", "quant-recipes"),
+)
 
 
 def replace_section(text: str, name: str, body: str) -> str:
@@ -23,7 +29,7 @@ def main() -> None:
 
     readme = ROOT / "README.md"
     text = replace_section(readme.read_text(), "archs-table", markdown_table())
-    for section, name in (("bench-real", "smollm2-135m-instruct"), ("bench-table", "smollm2-135m-shaped")):
+    for section, name in BENCH_SECTIONS:
         bench = ROOT / "benchmarks" / "results" / f"{name}.md"
         if bench.is_file():
             text = replace_section(text, section, bench.read_text())

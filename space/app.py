@@ -197,7 +197,7 @@ class Jobs:
         return BackgroundJob(work, slots=self.lanes[kind], root=self.settings.work_root, kind=kind)
 
     def export(self, source, revision, variants, qembedding, group_size, max_seq_len, repo_name, private, token,
-               oauth_token: gr.OAuthToken | None = None) -> Iterator[tuple]:
+               oauth_token: gr.OAuthToken | None = None, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
         """Export ``source`` to ExecuTorch, verify it and push it; yields (status, log, link, table, card, repo id)."""
         job_id = uuid.uuid4().hex[:8]
         redact = self.redactor(token, oauth_token.token if oauth_token else None)
@@ -208,7 +208,7 @@ class Jobs:
             user = self.user_token(oauth_token, token, required=True)
             redact.add(user)
             yield view.outputs()
-            yield from self._export(request, user, job_id, view, redact)
+            yield from self._export(request, user, job_id, view, redact, progress)
         except Exception as error:  # noqa: BLE001 - every failure becomes one line
             message = failure_message(error, job_id, redact)
             log.info("export job %s failed: %s", job_id, message)
@@ -218,7 +218,7 @@ class Jobs:
             raise gr.Error(message, print_exception=False) from None
 
     def _export(self, request: service.ExportRequest, token: str, job_id: str, view: ExportView,
-                redact: Redactor) -> Iterator[tuple]:
+                redact: Redactor, progress: gr.Progress) -> Iterator[tuple]:
         repo_id = publish.target_repo(request.repo_name, token, self.settings.endpoint)
         started = time.monotonic()
 
@@ -235,6 +235,7 @@ class Jobs:
                 stage = redact(str(event))
                 say(stage)
                 fraction = getattr(event, "fraction", fraction)  # the library counts its own steps
+            progress(fraction, desc=stage)  # API clients see it in the job's status
             view.status = f"{RUNNING} `{bar(fraction)}` {clock(time.monotonic() - started)} · {stage}"
             yield view.outputs()
         published: service.Published = task.outcome()
@@ -286,7 +287,7 @@ class Jobs:
             stage = f"downloading {request.variant or 'the first variant'} from {request.repo_id}"
             task = self._background(lambda folder, emit: service.preview(
                 request, user, self.settings.endpoint, folder, emit), "preview")
-            for events in task.events():
+            for events in task.events(every=0.1):
                 for kind, value in events:
                     text, stage = (text + value, stage) if kind == "text" else (text, redact(value))
                 yield text, f"{RUNNING} {stage}… {clock(time.monotonic() - started)}"
@@ -339,9 +340,10 @@ def build_app(settings: Settings | None = None) -> gr.Blocks:
             api_name="export",
             concurrency_id="exports",
             concurrency_limit=settings.concurrency,
-            # Gradio's overlay would cover the status line with an "Error" badge on failure;
-            # the status line carries its own bar instead.
-            show_progress="hidden",
+            # Queue position, estimate and timer in the log's corner, so a queued user sees they wait;
+            # not the full overlay, which would cover the status line and its own bar.
+            show_progress="minimal",
+            show_progress_on=[ex["log"]],
         ).success(fill_preview, ex["pushed"], pv["repo"], api_visibility="private", queue=False).then(
             jobs.variants, [pv["repo"], token], pv["variant"], api_visibility="private"
         )

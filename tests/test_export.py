@@ -109,6 +109,9 @@ def test_progress_is_a_stream_of_counted_stages(exported_multi):
     assert [done for _, _, done, _ in steps] == list(range(1, 12))  # every step counted once, in order
     assert {total for *_, total in steps} == {11}  # 3 + 4 per variant, known from the start
     assert all(message for message, *_ in events)
+    for file in ("model-8da4w-emb8w.pte", "model-fp32-emb8w.pte"):  # lowering reports each XNNPACK partition
+        partitions = [m for m, stage, variant, *_ in events if variant == file and "lowering: XNNPACK partition" in m]
+        assert partitions and partitions[0].endswith("partition 1"), partitions
 
 
 def test_generate_streams_utf8_text_and_reports_speed(exported_multi):

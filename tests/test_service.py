@@ -134,3 +134,23 @@ def test_variants_table_shows_quality_and_verification() -> None:
     assert (new["prefill tok/s"], new["decode tok/s"]) == ("2800", "1500")
     assert old["perplexity (vs fp32)"] == "n/a" and old["verification"] == "diff 0.0041 vs eager"
     assert "tolerance" not in " ".join(TABLE_HEADERS)
+
+
+def test_streamed_events_are_coalesced_to_a_few_redraws_a_second(tmp_path: Path) -> None:
+    """A preview emits a piece per token; the page should redraw about ten times a second, not per token."""
+
+    def chatty(folder: Path, emit) -> str:
+        for index in range(60):
+            emit(("text", f"{index} "))
+            time.sleep(0.005)
+        return "done"
+
+    def batches(every: float) -> list[list]:
+        job = BackgroundJob(chatty, slots=threading.BoundedSemaphore(1), root=tmp_path, kind="preview")
+        seen = [batch for batch in job.events(every=every) if batch]
+        assert [value for batch in seen for _, value in batch] == [f"{index} " for index in range(60)]
+        assert job.outcome() == "done"
+        return seen
+
+    assert len(batches(0.1)) <= 6  # about 0.3 s of tokens in batches of 0.1 s
+    assert len(batches(0.0)) > 10  # as they come

@@ -273,7 +273,8 @@ def test_previews_have_their_own_lane(tmp_path: Path) -> None:
     export, preview = fns["export"], fns["preview"]
     assert preview.concurrency_id != export.concurrency_id
     assert preview.concurrency_limit == settings.preview_concurrency == 1
-    assert preview.show_progress != "hidden", "a queued preview must show its place in the queue"
+    for job in (preview, export):
+        assert job.show_progress != "hidden", "a queued job must show its place in the queue"
 
     jobs, release = space_app.Jobs(settings), threading.Event()
     running = jobs._background(lambda folder, emit: release.wait(10) and "exported", "export")
