@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all demo demo-quick space bench clean
+.PHONY: install test test-all demo demo-quick space bench bench-recipes clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -33,6 +33,10 @@ space: $(STAMP)
 
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench_export --qmode 8da4w --qmode 8da8w --qmode 4w --qmode 8w --qmode fp32 --qembedding 8w
+
+# 4-bit recipes on the real SmolLM2 (minmax vs HQQ scales vs the calibrated mixed qmode); about 30 minutes.
+bench-recipes: $(STAMP)
+	$(PY) -m benchmarks.quant_recipes
 
 clean:
 	rm -rf .demo test-artifacts benchmarks/work
