@@ -18,6 +18,7 @@ from __future__ import annotations
 import argparse
 import importlib.util
 import json
+import os
 import re
 import statistics
 import sys
@@ -44,6 +45,9 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--tokens", type=int, default=63)
     args = parser.parse_args()
+    work = Path(tempfile.mkdtemp(prefix="space-speed-"))
+    # The local Hub speaks classic LFS, not Xet; and this run keeps out of the user's HF cache.
+    os.environ.update(HF_HUB_DISABLE_XET="1", HF_HOME=str(work / "hf-home"))
 
     import gradio_client
 
@@ -53,7 +57,6 @@ def main() -> None:
     from hub_export.quiet import quiet_libraries
 
     quiet_libraries()
-    work = Path(tempfile.mkdtemp(prefix="space-speed-"))
     token = add_user(work / "hub", "alice")
     hub = serve_in_thread(work / "hub")
     repo = "alice/speed-ExecuTorch"
