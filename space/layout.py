@@ -95,7 +95,7 @@ def export_tab(allow_local_sources: bool) -> dict[str, Any]:
             info="A transformers causal LM with safetensors weights; remote code is refused.",
             scale=3,
         )
-        ui["revision"] = gr.Textbox("", label="Revision", placeholder="main", info=help_text("revision"), scale=1)
+        ui["revision"] = gr.Textbox("", label="Revision", placeholder="main", info="Branch, tag or commit.", scale=1)
     with gr.Row():
         ui["variants"] = gr.CheckboxGroup(
             [(f"{mode.name}: {mode.description}", mode.name) for mode in QMODES.values()],

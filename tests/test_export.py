@@ -145,7 +145,7 @@ def test_generate_cli_prints_text_and_tokens_per_second(exported_multi, capsys):
     assert "prefill" in err and "decode" in err and "tok/s" in err
     from hub_export.generate import generate
 
-    expected = generate(exported_multi / "model-fp32.pte", exported_multi, "Once upon a time", max_new_tokens=12)
+    expected = generate(exported_multi / "model-fp32-emb8w.pte", exported_multi, "Once upon a time", max_new_tokens=12)
     assert out == expected.text + "\n"  # the text itself, on stdout, and nothing else there
 
 
@@ -287,8 +287,8 @@ def test_failed_verification_fails_the_command_and_leaves_nothing(tiny_model, tm
 
     real_to_pte = lower_module.to_pte
 
-    def corrupting_to_pte(program, metadata, path, data_path=None):
-        size = real_to_pte(program, metadata, path, data_path)
+    def corrupting_to_pte(program, metadata, path, data_path=None, **options):
+        size = real_to_pte(program, metadata, path, data_path, **options)
         data = bytearray(path.read_bytes())
         data[len(data) // 2 : len(data) // 2 + 4096] = b"\xff" * 4096
         path.write_bytes(bytes(data))
