@@ -1,9 +1,10 @@
 """hub-export: Hugging Face causal LMs -> verified ExecuTorch ``.pte`` files on the Hub.
 
-The pipeline, one module a stage: :mod:`~hub_export.source` -> :mod:`~hub_export.wrap`
--> :mod:`~hub_export.quantize` -> :mod:`~hub_export.lower` -> :mod:`~hub_export.verify`
--> :mod:`~hub_export.card` -> :mod:`~hub_export.publish`. The CLI and the Space are thin
-layers over the functions below.
+The pipeline, one module a stage: :mod:`~hub_export.source` -> (:mod:`~hub_export.calibrate`)
+-> :mod:`~hub_export.wrap` -> :mod:`~hub_export.quantize` -> :mod:`~hub_export.lower` ->
+:mod:`~hub_export.verify` -> :mod:`~hub_export.card` -> :mod:`~hub_export.publish`. What to
+build is one :class:`ExportOptions`; :mod:`~hub_export.build` makes one variant of it. The
+CLI, and the Space through :mod:`~hub_export.service`, are thin layers over the functions below.
 
 Example:
     >>> import hub_export
