@@ -218,15 +218,24 @@ def plan_mixed(model: "torch.nn.Module", tokenizer_json: Path, options: "ExportO
                 fitting.append(name)
                 used += extra[name]
         budget = budget_label(options)
+        fp32_perplexity = _perplexity(reference, ids)  # the fp32 pass above: not run again per plan tried
+
+        def ratio_of(eight: set[str]) -> float:
+            """Perplexity on the calibration text with the linears rounded as ``eight`` says, over fp32's."""
+            swapper.set({name: rounded[8 if name in eight else 4][name] for name in rounded[4]})
+            ratio = _perplexity(_logprobs(model, ids), ids) / fp32_perplexity
+            swapper.restore()
+            return ratio
+
         if options.max_ppl_ratio is None:
             chosen = fitting
         else:
             rounded[8] = {name: _rounded_weight(m, 8, options.group_size, options.int4_scales)
                           for name, m in linears.items()}
-            chosen = _fewest_for_perplexity(model, swapper, rounded, fitting, ids, options)
+            chosen = _fewest_for_perplexity(ratio_of, fitting, options.max_ppl_ratio)
         rounded.setdefault(8, {name: _rounded_weight(linears[name], 8, options.group_size, options.int4_scales)
                                for name in chosen})
-        ppl_ratio = _ppl_ratio(model, swapper, rounded, set(chosen), ids)
+        ppl_ratio = ratio_of(set(chosen))
     finally:
         swapper.restore()
     added = sum(extra[name] for name in chosen)
@@ -235,25 +244,14 @@ def plan_mixed(model: "torch.nn.Module", tokenizer_json: Path, options: "ExportO
                      seconds=time.perf_counter() - started)
 
 
-def _ppl_ratio(model, swapper: _Swapper, rounded: dict, eight: set[str], ids) -> float:
-    """Perplexity on the calibration text with every linear rounded as the plan says, over fp32's."""
-    swapper.restore()
-    fp32 = _perplexity(_logprobs(model, ids), ids)
-    swapper.set({name: rounded[8 if name in eight else 4][name] for name in rounded[4]})
-    ratio = _perplexity(_logprobs(model, ids), ids) / fp32
-    swapper.restore()
-    return ratio
-
-
-def _fewest_for_perplexity(model, swapper: _Swapper, rounded: dict, order: list[str], ids,
-                           options: "ExportOptions") -> list[str]:
+def _fewest_for_perplexity(ratio_of: Callable[[set[str]], float], order: list[str], target: float) -> list[str]:
     """The shortest prefix of ``order`` whose perplexity ratio meets ``--max-ppl-ratio`` (the whole list if none does)."""
     low, high = 0, len(order)
-    if _ppl_ratio(model, swapper, rounded, set(order), ids) > options.max_ppl_ratio:
+    if ratio_of(set(order)) > target:
         return order  # out of reach within the size cap: keep all that fit
     while low < high:  # the ratio falls, give or take noise, as layers are kept int8
         middle = (low + high) // 2
-        if _ppl_ratio(model, swapper, rounded, set(order[:middle]), ids) <= options.max_ppl_ratio:
+        if ratio_of(set(order[:middle])) <= target:
             high = middle
         else:
             low = middle + 1

@@ -13,6 +13,7 @@ Run ``python space/app.py`` (see ``space/README.md`` for the environment variabl
 import logging
 import os
 import tempfile
+import threading
 import time
 import uuid
 from collections.abc import Iterator, Mapping
@@ -161,8 +162,6 @@ class Jobs:
     """The handlers behind the buttons and the API endpoints, bound to :class:`Settings`."""
 
     def __init__(self, settings: Settings):
-        import threading
-
         self.settings = settings
         # Slots held by the job threads, one lane per kind as in Gradio's queue: a job whose
         # page was closed keeps its slot until the library returns.
