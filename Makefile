@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all demo demo-quick space bench bench-recipes clean
+.PHONY: install test test-all demo demo-quick space bench bench-recipes bench-cluster clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -37,6 +37,10 @@ bench: $(STAMP)
 # 4-bit recipes on the real SmolLM2 (minmax vs HQQ scales vs the calibrated mixed qmode); about 30 minutes.
 bench-recipes: $(STAMP)
 	$(PY) -m benchmarks.quant_recipes
+
+# A batch of two models x two qmodes on a Ray cluster of one node, then two (both on this machine); about 15 minutes.
+bench-cluster: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.cluster_speedup
 
 clean:
 	rm -rf .demo test-artifacts benchmarks/work

@@ -103,6 +103,17 @@ def with_export_options(command: str, after: str):
     return decorate
 
 
+RAY_HELP = "Run on a Ray cluster: the one at --ray-address, else RAY_ADDRESS, else a Ray started for this run."
+RAY_ADDRESS_HELP = "Ray cluster to run on (host:6379, ray://host:10001, auto); implies --ray."
+RETRIES_HELP = "How many times a variant whose worker died (killed, out of memory, node lost) is built again."
+
+
+def _engine(ray: bool, ray_address: Optional[str], retries: int):
+    from .engines import engine
+
+    return engine(ray, ray_address, retries)
+
+
 @app.command(
     epilog=(
         "Examples:\n\n"
@@ -118,6 +129,9 @@ def export(
     token: Optional[str] = typer.Option(None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False),
     endpoint: Optional[str] = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)."),
     overwrite: bool = typer.Option(False, help="Replace a non-empty output folder."),
+    ray: bool = typer.Option(False, "--ray", help=RAY_HELP),
+    ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
+    retries: int = typer.Option(2, help=RETRIES_HELP),
     options: ExportOptions = None,
 ):
     """Export a causal LM to verified ExecuTorch .pte variants (one per --qmode)."""
@@ -125,9 +139,9 @@ def export(
     from .export import export as run_export
 
     started = time.perf_counter()
-    with _stages(f"exporting {source}") as say:
+    with _engine(ray, ray_address, retries) as engine, _stages(f"exporting {source}") as say:
         manifest = run_export(source, output, options, token=token, endpoint=endpoint, overwrite=overwrite,
-                              progress=say)
+                              progress=say, engine=engine)
     out.print(variants_table(manifest))
     out.print(f"Wrote {len(manifest.variants)} variant(s) to {output}/ in {time.perf_counter() - started:.0f} s")
 
@@ -254,6 +268,9 @@ def push_command(
     force: bool = typer.Option(False, "--force", help="Rebuild even if the repo holds these variants built the same way."),
     endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
     token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    ray: bool = typer.Option(False, "--ray", help=RAY_HELP),
+    ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
+    retries: int = typer.Option(2, help=RETRIES_HELP),
     options: ExportOptions = None,
 ):
     """Export (or take --from an export folder), write the model card and publish it all in one commit."""
@@ -263,11 +280,12 @@ def push_command(
         source, repo_id = None, source  # `push --from DIR REPO_ID`
     if source is not None:
         quiet_torch()
-    with _stages(f"pushing {source or from_dir}") as say:
+    with _engine(ray and source is not None, ray_address if source is not None else None, retries) as engine, \
+            _stages(f"pushing {source or from_dir}") as say:
         result = push(
             source, repo_id, options, from_dir=from_dir, output_dir=output, branch=branch, private=private,
             create_pr=create_pr, dry_run=dry_run, exist_ok=exist_ok, template=template, source_card=source_card,
-            force=force, token=token, endpoint=endpoint, progress=say,
+            force=force, token=token, endpoint=endpoint, progress=say, engine=engine,
         )
     if dry_run:
         out.print(_files_table(result))
@@ -276,6 +294,92 @@ def push_command(
     out.print(escape(result.summary))
     if result.pushed or not dry_run:
         out.print(f"variants in {result.repo_id}: {', '.join(result.variants)}")
+
+
+def _jobs_table(states) -> Table:
+    table = Table(title="batch")
+    for column in ("repo", "variants", "state", "time", "detail"):
+        table.add_column(column, justify="right" if column == "time" else "left", no_wrap=True,
+                         overflow="ellipsis", ratio=3 if column == "detail" else None)
+    colours = {"pushed": "green", "up to date": "green", "failed": "red", "cancelled": "yellow"}
+    for state in states:
+        colour = colours.get(state.state, "cyan")
+        detail = state.error or state.detail
+        if state.result is not None and state.result.commit_oid:
+            detail = f"commit {state.result.commit_oid[:10]}"
+        table.add_row(escape(state.job.repo_id), ", ".join(state.job.options.qmodes),
+                      f"[{colour}]{state.state}[/{colour}]", f"{state.seconds:.0f} s" if state.started else "",
+                      escape(detail))
+    return table
+
+
+def _plan_table(jobs, engine_name: str, token: Optional[str], endpoint: Optional[str]) -> Table:
+    from .batch import fp32_weight_bytes
+    from .engines import variant_memory
+
+    table = Table(title=f"plan: {len(jobs)} job(s), on {engine_name}")
+    for column in ("repo", "source", "variants", "fp32 weights", "memory per variant"):
+        table.add_column(column, justify="right" if "memory" in column or "weights" in column else "left",
+                         overflow="fold")
+    for job in jobs:
+        weights = fp32_weight_bytes(job, token, endpoint)
+        table.add_row(
+            escape(job.repo_id), escape(job.source), escape(", ".join(job.options.qmodes)),
+            human_size(weights) if weights else "unknown", human_size(variant_memory(weights)) if weights else "unknown",
+        )
+    return table
+
+
+@app.command(
+    "batch",
+    epilog=(
+        "Example plan (keys are the export options' names):\n\n"
+        "  defaults: {qmodes: [8da4w], max_seq_len: 256, qembedding: 8w}\n\n"
+        "  jobs:\n\n"
+        "    - {source: HuggingFaceTB/SmolLM2-135M, repo: me/SmolLM2-135M-ExecuTorch, qmodes: [8da4w, 8da8w]}\n\n"
+        "Examples:\n\n"
+        "  hub-export batch catalogue.yaml --dry-run\n\n"
+        "  hub-export batch catalogue.yaml --ray-address 10.0.0.5:6379"
+    ),
+)
+def batch_command(
+    plan: Path = typer.Argument(..., help="YAML plan: defaults and a list of jobs (source, repo, options)."),
+    dry_run: bool = typer.Option(False, help="Print the plan with each job's estimated memory; build nothing."),
+    ray: bool = typer.Option(False, "--ray", help=RAY_HELP),
+    ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
+    retries: int = typer.Option(2, help=RETRIES_HELP),
+    endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
+    token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
+):
+    """Export and push a catalogue: every job of PLAN, each repo in one commit, with a live table."""
+    from rich.live import Live
+
+    from .batch import read_plan, run_batch, summary
+
+    jobs = read_plan(plan)
+    if dry_run:
+        out.print(_plan_table(jobs, "Ray" if ray or ray_address else "this machine", token, endpoint))
+        return
+    quiet_torch()
+    with _engine(ray, ray_address, retries) as engine:
+        where = engine.describe() if hasattr(engine, "describe") else "this machine"
+        err.print(f"[dim]{len(jobs)} job(s) on {escape(where)}[/dim]")
+        started = time.perf_counter()
+        with Live(_jobs_table([]), console=err, refresh_per_second=2, transient=False) as live:
+
+            def log_line(state, line: str) -> None:  # printed above the live table
+                live.console.print(f"[dim]{time.perf_counter() - started:7.1f}s[/dim]  {escape(state.job.repo_id)}: "
+                                   f"{escape(line)}", soft_wrap=True)
+
+            states = run_batch(jobs, engine=engine, token=token, endpoint=endpoint, on_event=log_line,
+                               on_change=lambda current: live.update(_jobs_table(current)))
+            live.update(_jobs_table(states))
+    for state in states:
+        if state.error:
+            err.print(f"[bold red]{escape(state.job.repo_id)}:[/bold red] {escape(state.error)}", soft_wrap=True)
+    out.print(summary(states))
+    if any(state.state == "failed" for state in states):
+        raise typer.Exit(1)
 
 
 @app.command("ls", epilog="Example:\n\n  hub-export ls alice/SmolLM2-135M-ExecuTorch")
@@ -396,6 +500,8 @@ def main() -> None:
         # Without standalone mode click returns, rather than raises, the code of an Exit.
         code = app(standalone_mode=False)
         if isinstance(code, int) and not isinstance(code, bool) and code:
+            if code == 130:  # typer turns Ctrl-C into this code without a word
+                err.print("Interrupted.")
             sys.exit(code)
     except HubExportError as error:
         err.print(f"[bold red]Error:[/bold red] {escape(str(error))}", soft_wrap=True)

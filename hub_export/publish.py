@@ -361,6 +361,7 @@ def push(
     endpoint: str | None = None,
     cache_dir: str | Path | None = None,
     progress: Callback | Tracker | None = None,
+    engine: Any = None,
     **option_values: Any,
 ) -> PushResult:
     """Export ``source`` (or take the export in ``from_dir``) and publish it in one commit.
@@ -418,16 +419,21 @@ def push(
             built = _already_built(remote.manifest, source, options, token, endpoint)
             if built:
                 say(f"{repo_id} already holds {', '.join(built)} built from the same source revision with the same "
-                    "options and tool versions; nothing to rebuild (--force rebuilds)")
+                    "options and tool versions; not rebuilding (--force rebuilds)")
+            if len(built) == len(options.qmodes):
                 url = f"{endpoint.rstrip('/')}/{repo_id}"
                 return PushResult(repo_id, url, None, [], [v.file for v in remote.manifest.variants], unchanged=built,
                                   notes=["rebuilt nothing: pass --force to export and push again"])
+            if built:
+                missing = [q for q, name in zip(options.qmodes, options.variant_files()) if name not in built]
+                options = options_with(options, {"qmodes": tuple(missing)})
 
     with tempfile.TemporaryDirectory(prefix="hub-export-push-") as scratch:
         if folder is None:
             assert source is not None
             folder = Path(output_dir) if output_dir else Path(scratch) / "export"
-            local = export(source, folder, options, token=token, endpoint=endpoint, cache_dir=cache_dir, progress=say)
+            local = export(source, folder, options, token=token, endpoint=endpoint, cache_dir=cache_dir, progress=say,
+                           engine=engine)
         assert local is not None
         _check_folder(folder, local)
         card_data = _source_card_data(source_card, local, folder, source, token, endpoint)
@@ -445,7 +451,7 @@ def push(
 
 
 def _already_built(remote: Manifest, source: str | None, options: ExportOptions, token, endpoint) -> list[str]:
-    """The requested variant files, if ``remote`` holds every one of them built exactly as asked; else ``[]``.
+    """The requested variant files that ``remote`` already holds built exactly as asked.
 
     Exactly: from the same source revision (a Hub commit, a GGUF's sha256 or a folder's
     contents), with the same options, by the same versions of hub-export, torch,
@@ -461,26 +467,26 @@ def _already_built(remote: Manifest, source: str | None, options: ExportOptions,
     if {k: v for k, v in declared.items() if v is not None} != wanted_declared:
         return []  # the card would say something else
     by_file = {v.file: v for v in remote.variants}
-    wanted = []
-    for qmode, name in zip(options.qmodes, options.variant_files()):
-        variant = by_file.get(name)
-        if variant is None or variant.qmode != qmode:
-            return []
-        check = variant.verification
-        scored = check.quality is not None and (check.quality.tokens or 0) > 0
-        same = (
-            check.verified
-            and (options.max_seq_len is None or variant.max_seq_len == options.max_seq_len)
-            and (not QMODES[qmode].grouped or variant.group_size == options.group_size)
-            and bool(variant.data_file) == options.share_embeddings
-            and scored == (options.quality_tokens > 0)
-            and _same_recipe(variant, options)
-        )
-        if not same:
-            return []
-        wanted.append(variant.file)
+    built = [name for qmode, name in zip(options.qmodes, options.variant_files())
+             if name in by_file and _built_as_asked(by_file[name], qmode, options)]
+    if not built:
+        return []
     fingerprint = peek_fingerprint(source, options.gguf_file, options.revision, token, endpoint)
-    return wanted if fingerprint and fingerprint == remote.source.get("fingerprint") else []
+    return built if fingerprint and fingerprint == remote.source.get("fingerprint") else []
+
+
+def _built_as_asked(variant: Variant, qmode: str, options: ExportOptions) -> bool:
+    check = variant.verification
+    scored = check.quality is not None and (check.quality.tokens or 0) > 0
+    return (
+        variant.qmode == qmode
+        and check.verified
+        and (options.max_seq_len is None or variant.max_seq_len == options.max_seq_len)
+        and (not QMODES[qmode].grouped or variant.group_size == options.group_size)
+        and bool(variant.data_file) == options.share_embeddings
+        and scored == (options.quality_tokens > 0)
+        and _same_recipe(variant, options)
+    )
 
 
 def _same_recipe(variant: Variant, options: ExportOptions) -> bool:

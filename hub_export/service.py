@@ -284,14 +284,19 @@ class Published:
 
 
 def publish_and_read_back(request: ExportRequest, repo_id: str, token: str, endpoint: str, folder: Path,
-                          emit: Emit) -> Published:
+                          emit: Emit, engine: Any = None) -> Published:
     """Export and push ``request`` with downloads and the export inside ``folder``; then read back what was published.
 
-    ``folder`` is the job's: removed afterwards, so a service's disk does not grow.
+    ``folder`` is the job's: removed afterwards, so a service's disk does not grow. With
+    a Ray ``engine`` (:mod:`hub_export.engines`) the model is loaded and built on the
+    cluster's nodes, downloaded through their own Hub caches; this process only
+    collects the files and pushes them.
     """
+    on_cluster = engine is not None and engine.name != "local"
     result = publish.push(
         request.source, repo_id, request.options, private=request.private, output_dir=folder / "export",
-        cache_dir=folder / "downloads", token=token, endpoint=endpoint, progress=lambda event: emit(("stage", event)),
+        cache_dir=None if on_cluster else folder / "downloads", token=token, endpoint=endpoint,
+        progress=lambda event: emit(("stage", event)), engine=engine,
     )
     revision = result.commit_oid  # what this job published, even if the repo moved on since
     try:

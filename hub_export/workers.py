@@ -40,9 +40,9 @@ log = logging.getLogger(__name__)
 
 # A worker's own footprint besides the model: torch, transformers and ExecuTorch
 # imported (~0.7 GB RSS measured) plus headroom.
-_WORKER_BASE_BYTES = 1 << 30
+WORKER_BASE_BYTES = 1 << 30
 # Peak of one in-process variant against its fp32 weights (benchmarks: 2.83x).
-_PEAK_PER_WEIGHT_BYTE = 3
+PEAK_PER_WEIGHT_BYTE = 3
 
 
 @dataclass
@@ -92,7 +92,7 @@ def worker_count(requested: int | None, variants: int, weight_bytes: int) -> int
     count = min(variants, usable_cpus())
     memory = available_memory()
     if memory is not None:
-        per_worker = _WORKER_BASE_BYTES + _PEAK_PER_WEIGHT_BYTE * weight_bytes
+        per_worker = WORKER_BASE_BYTES + PEAK_PER_WEIGHT_BYTE * weight_bytes
         count = min(count, max(1, memory // per_worker))
     return max(1, count)
 
@@ -100,12 +100,28 @@ def worker_count(requested: int | None, variants: int, weight_bytes: int) -> int
 # --- in the worker -----------------------------------------------------------------
 
 
-def _portable(exc: BaseException) -> BaseException:
+def portable(exc: BaseException) -> BaseException:
     """The exception to hand back to the parent: ours as they are, others with their traceback."""
     if isinstance(exc, HubExportError):
         return exc
     remote = "".join(traceback.format_exception(exc)).rstrip()
     return RuntimeError(f"a worker process failed:\n{remote}")
+
+
+def build_job(job: VariantJob, say: Callable[..., None]) -> "Variant":
+    """Build ``job``'s variant in this process from its checkpoint (what every engine's worker runs)."""
+    import torch
+
+    from .build import RunState, build_variant, load_model
+    from .patches import map_large_allocations
+
+    torch.set_num_threads(job.threads)
+    map_large_allocations()
+    model = load_model(job.src.path, job.options.trust_remote_code)
+    run = RunState(model, job.src, job.options, job.max_seq_len, job.workdir, job.reference, say=say,
+                   mixed_plan=job.mixed_plan)
+    del model
+    return build_variant(run, job.qmode, last=True)
 
 
 def _work(job: VariantJob, messages) -> None:
@@ -119,33 +135,22 @@ def _work(job: VariantJob, messages) -> None:
         package_log.handlers[:] = [handler]
         package_log.propagate = False
         package_log.setLevel(logging.INFO)
-
-        import torch
-
-        from .build import RunState, build_variant, load_model
-        from .patches import map_large_allocations
-
-        torch.set_num_threads(job.threads)
-        map_large_allocations()
-        model = load_model(job.src.path, job.options.trust_remote_code)
-        run = RunState(
-            model, job.src, job.options, job.max_seq_len, job.workdir, job.reference,
-            say=lambda *event: messages.put(("say", job.index, event)), mixed_plan=job.mixed_plan,
-        )
-        del model
-        messages.put(("done", job.index, build_variant(run, job.qmode, last=True)))
+        variant = build_job(job, say=lambda *event: messages.put(("say", job.index, event)))
+        messages.put(("done", job.index, variant))
     except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
-        messages.put(("error", job.index, _portable(exc)))
+        messages.put(("error", job.index, portable(exc)))
 
 
 # --- in the parent -----------------------------------------------------------------
 
 
-def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[..., None]) -> list["Variant"]:
+def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[..., None], retries: int = 0) -> list["Variant"]:
     """Build ``jobs`` in at most ``workers`` processes at once; variants come back in job order.
 
-    The first failure stops every other worker and is raised here, so the caller's
-    cleanup (removing the staging folder) runs once nothing writes into it any more.
+    A worker that dies without a word (killed, out of memory) is started again up to
+    ``retries`` times. Any other failure stops every other worker and is raised here,
+    so the caller's cleanup (removing the staging folder) runs once nothing writes
+    into it any more.
     """
     from .quantize import QMODES
 
@@ -153,9 +158,11 @@ def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[..., N
     messages = context.Queue()
     # Costliest first (longest-processing-time order): cheap variants fill in at the end.
     pending = sorted(jobs, key=lambda job: -QMODES[job.qmode].relative_cost)
+    by_index = {job.index: job for job in jobs}
     running: dict[int, multiprocessing.process.BaseProcess] = {}
     results: dict[int, "Variant"] = {}
     silent: dict[int, float] = {}
+    deaths: dict[int, int] = {}
     try:
         while pending or running:
             while pending and len(running) < workers:
@@ -163,7 +170,20 @@ def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[..., N
                 process = context.Process(target=_work, args=(job, messages), name=f"hub-export {job.qmode}", daemon=True)
                 process.start()
                 running[job.index] = process
-            _check_alive(running, jobs, silent)
+            for index, code in _dead(running, silent):
+                job = by_index[index]
+                deaths[index] = deaths.get(index, 0) + 1
+                if deaths[index] > retries:
+                    raise ExportError(
+                        f"the worker exporting {job.qmode} exited with code {code} without a result "
+                        f"{_times(deaths[index])}(out of memory?); rerun with {opt('jobs')} 1 to export one variant "
+                        "at a time"
+                    )
+                say(f"the worker exporting {job.qmode} exited with code {code} without a result; starting it again "
+                    f"(retry {deaths[index]} of {retries})", "retry", job.qmode)
+                running.pop(index).join()
+                silent.pop(index, None)
+                pending.insert(0, job)
             try:
                 message = messages.get(timeout=1.0)
             except queue.Empty:
@@ -188,19 +208,21 @@ def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[..., N
     return [results[job.index] for job in jobs]
 
 
-def _check_alive(running: dict, jobs: list[VariantJob], silent: dict[int, float], grace: float = 2.0) -> None:
-    """Fail when a worker died without a word (e.g. killed for memory).
+def _times(count: int) -> str:
+    return f"{count} times " if count > 1 else ""
+
+
+def _dead(running: dict, silent: dict[int, float], grace: float = 2.0) -> list[tuple[int, int | None]]:
+    """``(index, exit code)`` of the workers that died without a word (e.g. killed for memory).
 
     A worker that just exited may still have its last message in the pipe, so it is
     given ``grace`` seconds before being called dead.
     """
     now = time.monotonic()
+    dead = []
     for index, process in running.items():
         if process.is_alive():
             continue
         if now - silent.setdefault(index, now) > grace:
-            qmode = next(job.qmode for job in jobs if job.index == index)
-            raise ExportError(
-                f"the worker exporting {qmode} exited with code {process.exitcode} without a result "
-                f"(out of memory?); rerun with {opt('jobs')} 1 to export one variant at a time"
-            )
+            dead.append((index, process.exitcode))
+    return dead

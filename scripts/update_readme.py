@@ -14,6 +14,7 @@ BENCH_SECTIONS = (
     ("bench-real", "smollm2-135m-instruct"),
     ("bench-table", "smollm2-135m-shaped"),
     ("bench-recipes", "quant-recipes"),
+    ("bench-cluster", "cluster-speedup"),
 )
 
 

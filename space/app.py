@@ -124,6 +124,7 @@ class Settings:
     queue_size: int = 8
     work_root: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "hub-export-space")
     env_token: str | None = field(default=None, repr=False)  # never printed
+    ray_address: str | None = None  # exports run on this Ray cluster instead of this machine
 
     @property
     def allow_local_sources(self) -> bool:
@@ -152,6 +153,7 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         queue_size=_positive_int(env, "HUB_EXPORT_SPACE_QUEUE", 8),
         **({"work_root": Path(work_root).expanduser()} if work_root else {}),
         env_token=env_token if auth.env_token_allowed else None,
+        ray_address=env.get("HUB_EXPORT_RAY_ADDRESS", "").strip() or None,
     )
 
 
@@ -167,6 +169,19 @@ class Jobs:
         # page was closed keeps its slot until the library returns.
         self.lanes = {"export": threading.BoundedSemaphore(settings.concurrency),
                       "preview": threading.BoundedSemaphore(settings.preview_concurrency)}
+        self._engine = None
+        self._engine_lock = threading.Lock()
+
+    def engine(self):
+        """Where exports run: the Ray cluster of ``HUB_EXPORT_RAY_ADDRESS`` (connected once), else this machine."""
+        if self.settings.ray_address is None:
+            return None
+        with self._engine_lock:
+            if self._engine is None:
+                from hub_export.engines import RayEngine
+
+                self._engine = RayEngine(self.settings.ray_address)
+            return self._engine
 
     def user_token(self, oauth_token: gr.OAuthToken | None, typed: str | None, *, required: bool) -> str | None:
         """The token a job acts with: OAuth, else the pasted one, else (offline only) ``HF_TOKEN``."""
@@ -226,8 +241,9 @@ class Jobs:
 
         say(f"job {job_id}: {request.source} → {repo_id} ({', '.join(request.options.qmodes)})")
         log.info("export job %s: %s -> %s %s", job_id, request.source, repo_id, request.options.qmodes)
+        engine = self.engine()
         task = self._background(lambda folder, emit: service.publish_and_read_back(
-            request, repo_id, token, self.settings.endpoint, folder, emit), "export")
+            request, repo_id, token, self.settings.endpoint, folder, emit, engine=engine), "export")
         fraction, stage = 0.0, "starting"
         for events in task.events():
             for _, event in events:

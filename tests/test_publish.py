@@ -212,6 +212,17 @@ def test_repush_of_an_unchanged_source_rebuilds_nothing(
     (changed / "README.md").write_text((changed / "README.md").read_text() + "\nFine-tuned further.\n")
     with pytest.raises(AssertionError, match="rebuilt"):
         push(str(changed), result.repo_id, qmodes=["fp32"], max_seq_len=64, **hub)
+    # Asking for one more variant builds that one only (a rerun batch plan that grew).
+    built: list = []
+
+    def record(source, folder, options, **kwargs):
+        built.append(options.qmodes)
+        raise AssertionError("rebuilt")
+
+    monkeypatch.setattr(export_module, "export", record)
+    with pytest.raises(AssertionError, match="rebuilt"):
+        push(str(source_model), result.repo_id, qmodes=["8da4w", "fp32"], max_seq_len=64, **hub)
+    assert built == [("8da4w",)]
 
 
 def test_adding_a_variant_keeps_the_others(

@@ -57,25 +57,36 @@ def _alive(pid: int) -> bool:
     return state != "Z"
 
 
-def test_a_killed_worker_fails_the_run_stops_the_others_and_leaves_nothing(tiny_model, tmp_path):
+def _workers_of(run: subprocess.Popen) -> list[int]:
+    # The spawn machinery starts a resource tracker too; the workers run spawn_main.
+    return [pid for pid in _children(run.pid) if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+
+
+def test_a_killed_worker_is_retried_then_fails_the_run_stops_the_others_and_leaves_nothing(tiny_model, tmp_path):
     out = tmp_path / "out"
     command = [sys.executable, "-m", "hub_export.cli", "export", str(tiny_model), "-o", str(out),
-               "-q", "8da4w", "-q", "fp32", "--max-seq-len", "32", "--jobs", "2"]
+               "-q", "8da4w", "-q", "fp32", "--max-seq-len", "32", "--jobs", "2", "--retries", "1"]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
-    workers_seen: list[int] = []
-    while time.monotonic() < deadline and len(workers_seen) < 2:
-        # The spawn machinery starts a resource tracker too; the workers run spawn_main.
-        workers_seen = [pid for pid in _children(run.pid)
-                        if b"spawn_main" in Path(f"/proc/{pid}/cmdline").read_bytes()]
+    killed: list[int] = []
+    while time.monotonic() < deadline and len(killed) < 2 and run.poll() is None:
+        # Kill the costliest variant's worker (started first), then the worker that replaces it.
+        workers = _workers_of(run)
+        if len(workers) == 2 and not killed or len(killed) == 1 and set(workers) - set(killed) - {survivor}:
+            if not killed:
+                target, survivor = min(workers), max(workers)
+            else:
+                target = max(set(workers) - set(killed) - {survivor})
+            time.sleep(3)  # let it get into its work
+            os.kill(target, signal.SIGKILL)  # what the kernel's out-of-memory killer does
+            killed.append(target)
         time.sleep(0.2)
-    assert len(workers_seen) == 2, "the run did not start two workers"
-    time.sleep(3)  # let them get into their work
-    os.kill(workers_seen[0], signal.SIGKILL)  # what the kernel's out-of-memory killer does
+    assert len(killed) == 2, "the run did not start a worker again after the first was killed"
     _, err = run.communicate(timeout=120)
     assert run.returncode == 1
+    assert "starting it again (retry 1 of 1)" in err
     lines = [line for line in err.splitlines() if line.startswith("Error:")]
     assert len(lines) == 1, err
-    assert "exited with code -9 without a result" in lines[0] and "--jobs 1" in lines[0]
-    assert not any(_alive(pid) for pid in workers_seen)
+    assert "exited with code -9 without a result 2 times" in lines[0] and "--jobs 1" in lines[0]
+    assert not any(_alive(pid) for pid in (*killed, survivor))
     assert list(tmp_path.iterdir()) == []

@@ -1,0 +1,191 @@
+"""Prepare: what every variant of a run starts from.
+
+Resolve the source (a Hub download goes through the Hub cache), check it before its
+weights are fetched, load the fp32 model once, compute the verification reference and,
+for the ``mixed`` qmode, the calibration plan. An engine (:mod:`hub_export.engines`)
+runs this where it likes: in this process, or as a task on a node of a Ray cluster,
+in which case the result travels without the model and with the few small files
+(config, tokenizer) the export folder copies.
+"""
+
+from __future__ import annotations
+
+import logging
+from dataclasses import dataclass, field, replace
+from pathlib import Path
+from typing import TYPE_CHECKING, Any, Callable
+
+from . import archs, quantize, source as source_stage
+from .errors import ExportError, InputError, opt
+from .options import ExportOptions
+
+if TYPE_CHECKING:
+    from .calibrate import MixedPlan
+    from .verify import Reference
+
+log = logging.getLogger(__name__)
+
+DEFAULT_MAX_SEQ_LEN = 2048
+COPIED_FILES = source_stage.CONFIG_FILES + source_stage.TOKENIZER_FILES
+
+Say = Callable[..., None]
+
+
+@dataclass
+class SourceRequest:
+    """Where a run's model comes from: what the user named, and how to reach it."""
+
+    source: str
+    options: ExportOptions
+    token: str | None = field(default=None, repr=False)  # travels to a cluster's tasks, never into a repr
+    endpoint: str | None = None
+    cache_dir: str | Path | None = None
+
+
+@dataclass
+class Prepared:
+    """A resolved, checked and measured source, ready for its variants to be built."""
+
+    src: source_stage.Source
+    max_seq_len: int
+    record: dict  # the manifest's source record
+    weight_bytes: int  # of the fp32 model: what sizes each variant build's memory
+    files: dict[str, bytes]  # config and tokenizer files the export folder copies
+    reference: "Reference | None" = None
+    mixed_plan: "MixedPlan | None" = None
+    model: Any = field(default=None, repr=False, compare=False)  # in-process only; never pickled
+
+    def __getstate__(self) -> dict:
+        return {**self.__dict__, "model": None}
+
+
+def _max_positions(config: dict) -> int | None:
+    text = config.get("text_config", config)
+    return text.get("max_position_embeddings") or text.get("n_positions")
+
+
+def resolve_max_seq_len(config: dict, requested: int | None) -> int:
+    """``requested`` checked against the model's limit, or a phone-friendly default."""
+    limit = _max_positions(config)
+    if requested is None:
+        return min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
+    if limit and requested > limit:
+        raise InputError(f"{opt('max_seq_len')} {requested} is above the model's limit of {limit} positions", param="max_seq_len")
+    return requested
+
+
+class ConfigView:
+    """Attribute access over a config dict (its text config for multimodal wrappers)."""
+
+    def __init__(self, data: dict):
+        self._data = data.get("text_config", data) | {"model_type": data.get("model_type")}
+
+    def __getattr__(self, name):
+        return self._data.get(name)
+
+
+def _source_record(src: source_stage.Source, model) -> dict:
+    from .generate import chat_template
+
+    record = {
+        "id": src.name,
+        "revision": src.revision,
+        "local": src.is_local,
+        "model_type": src.model_type,
+        "architecture": (model.config.architectures or [type(model).__name__])[0],
+        "num_parameters": sum(p.numel() for p in model.parameters()),
+    }
+    if src.gguf:
+        record["gguf"] = dict(src.gguf)
+    record["fingerprint"] = source_stage.fingerprint(src)
+    record["chat_template"] = chat_template(src.path) is not None
+    return record
+
+
+def resolve_source(request: SourceRequest, say: Say | None = None, precheck=None) -> source_stage.Source:
+    """``request``'s source on this machine, downloaded through its Hub cache."""
+    options = request.options
+    return source_stage.resolve(
+        request.source,
+        revision=options.revision,
+        token=request.token,
+        endpoint=request.endpoint,
+        trust_remote_code=options.trust_remote_code,
+        allow_pickle=options.allow_pickle,
+        cache_dir=request.cache_dir,
+        precheck=precheck,
+        gguf_file=options.gguf_file,
+        say=say,
+    )
+
+
+def prepare(request: SourceRequest, say: Say) -> Prepared:
+    """Resolve, check, load and measure ``request``'s source (the model stays loaded in ``model``)."""
+    from .build import load_model, token_ids
+    from .patches import map_large_allocations
+
+    options = request.options
+    resolved_len: dict[str, int] = {}
+
+    def precheck(config: dict) -> None:
+        resolved_len["value"] = resolve_max_seq_len(config, options.max_seq_len)
+        archs.check_config(ConfigView(config), resolved_len["value"])
+        if options.share_embeddings and not ConfigView(config).tie_word_embeddings:
+            raise InputError(
+                f"{request.source} does not tie its input and output embeddings, so {opt('share_embeddings')} has "
+                "nothing to share; drop the flag", param="share_embeddings",
+            )
+
+    say(f"resolving {request.source}", "resolve")
+    src = resolve_source(request, say, precheck)
+    seq_len = resolved_len["value"]
+    map_large_allocations()
+    say(f"loading {src.name} ({src.model_type})", "load")
+    model = load_model(src.path, options.trust_remote_code)
+    reference = None
+    if options.verify:
+        from .verify import build_reference
+
+        say(f"computing the fp32 eager reference (prompt + {options.quality_tokens} tokens of evaluation text)",
+            "reference")
+        reference = build_reference(model, src.path / "tokenizer.json", seq_len, options.quality_tokens,
+                                    token_ids(model)[0])
+    mixed_plan = None
+    if any(quantize.QMODES[mode].calibrated for mode in options.qmodes):
+        from .calibrate import MixedPlan, plan_mixed
+
+        if options.calibration:
+            say("measuring each linear layer's int4 sensitivity on the calibration text", "calibrate")
+            mixed_plan = plan_mixed(model, src.path / "tokenizer.json", options, say)
+            say(f"mixed: {mixed_plan.summary()} ({mixed_plan.seconds:.0f} s)")
+        else:
+            mixed_plan = MixedPlan(calibrated=False)
+    files = {name: (src.path / name).read_bytes() for name in COPIED_FILES if (src.path / name).is_file()}
+    return Prepared(
+        src=src,
+        max_seq_len=seq_len,
+        record=_source_record(src, model),
+        weight_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+        files=files,
+        reference=reference,
+        mixed_plan=mixed_plan,
+        model=model,
+    )
+
+
+def source_on_this_node(src: source_stage.Source, request: SourceRequest) -> source_stage.Source:
+    """``src`` as this machine can read it.
+
+    The prepared folder when it is here (the same machine, or storage every node
+    mounts); otherwise the same revision resolved again through this machine's Hub
+    cache, so each node downloads a source once however many variants it builds.
+    """
+    if src.path.is_dir():
+        return src
+    if src.is_local:
+        raise ExportError(
+            f"{src.name} is a folder on the machine that prepared it, and this node cannot read {src.path}; "
+            "export a Hub repo, or put the folder on storage every node mounts at the same path"
+        )
+    pinned = replace(request.options, revision=src.revision or request.options.revision)
+    return resolve_source(SourceRequest(request.source, pinned, request.token, request.endpoint, request.cache_dir))

@@ -1,0 +1,69 @@
+"""Batch plans: what a catalogue file may say, and the one-line refusals of what it may not."""
+
+from __future__ import annotations
+
+import pytest
+
+from hub_export.batch import parse_plan, read_plan
+from hub_export.errors import InputError
+
+PLAN = """
+defaults: {qmodes: [8da4w], max_seq_len: 256, qembedding: 8w}
+jobs:
+  - {source: HuggingFaceTB/SmolLM2-135M, repo: me/SmolLM2-135M-ExecuTorch, qmodes: [8da4w, 8da8w]}
+  - {source: Qwen/Qwen3-0.6B, repo: me/Qwen3-0.6B-ExecuTorch}
+  - {source: ./my-model, repo: me/mine, qmodes: fp32, max_seq_len: 64, private: true, group_size: 64}
+"""
+
+
+def test_the_documented_plan_reads_with_defaults_under_each_jobs_own_options():
+    jobs = parse_plan(PLAN)
+    assert [(j.source, j.repo_id, j.options.qmodes) for j in jobs] == [
+        ("HuggingFaceTB/SmolLM2-135M", "me/SmolLM2-135M-ExecuTorch", ("8da4w", "8da8w")),
+        ("Qwen/Qwen3-0.6B", "me/Qwen3-0.6B-ExecuTorch", ("8da4w",)),
+        ("./my-model", "me/mine", ("fp32",)),
+    ]
+    assert [j.options.max_seq_len for j in jobs] == [256, 256, 64]
+    assert all(j.options.qembedding == "8w" for j in jobs)
+    assert [j.private for j in jobs] == [False, False, True]
+    assert jobs[2].options.group_size == 64
+
+
+@pytest.mark.parametrize(
+    ("text", "says"),
+    [
+        ("jobs: [{source: a/b, repo: me/x, qmode: [8da4w]}]", "plan job 1: unknown key 'qmode'"),
+        ("jobs: [{source: a/b, repo: me/x, max_seq_len: lots}]", "plan job 1: max_seq_len must be a whole number"),
+        ("jobs: [{source: a/b, repo: me/x, verify: 1}]", "unknown key 'verify'"),  # export-only: a push verifies
+        ("jobs: [{source: a/b, repo: me/x, trust_remote_code: 'yes'}]", "trust_remote_code must be true or false"),
+        ("jobs: [{source: a/b, repo: me/x, qmodes: [9w]}]", "plan job 1: unknown --qmode '9w'"),
+        ("jobs: [{source: a/b, repo: me/x}, {source: c/d, repo: me/x}]", "plan job 2 pushes to me/x like job 1"),
+        ("jobs: [{source: a/b, repo: '../etc'}]", "plan job 1:"),
+        ("jobs: [{source: a/b}]", "plan job 1 needs a repo"),
+        ("jobs: []", "plan needs a list of jobs"),
+        ("defaults: {qmodes: [8da4w]}", "plan needs a list of jobs"),
+        ("jobs: [{source: a/b, repo: me/x}]\nextra: 1", "unknown top-level key 'extra'"),
+        ("jobs: [a/b]", "plan job 1 must be a mapping"),
+        ("jobs: [{source: a/b, repo: me/x}", "plan is not valid YAML"),
+        ("jobs: [!!python/object/apply:os.system [echo pwned]]", "plan is not valid YAML"),
+        ("defaults: [8da4w]\njobs: [{source: a/b, repo: me/x}]", "defaults must be a mapping"),
+    ],
+)
+def test_a_bad_plan_is_refused_with_one_line_naming_the_job_and_key(text, says):
+    with pytest.raises(InputError) as refused:
+        parse_plan(text)
+    message = str(refused.value)
+    assert says in message and "\n" not in message
+
+
+def test_plan_files_that_are_missing_huge_or_binary_are_refused(tmp_path):
+    with pytest.raises(InputError, match="is not a file"):
+        read_plan(tmp_path / "missing.yaml")
+    huge = tmp_path / "huge.yaml"
+    huge.write_text("# " + "x" * (1 << 20))
+    with pytest.raises(InputError, match="over 1024 KiB"):
+        read_plan(huge)
+    binary = tmp_path / "binary.yaml"
+    binary.write_bytes(b"\xff\xfe\x00jobs")
+    with pytest.raises(InputError, match="not UTF-8"):
+        read_plan(binary)

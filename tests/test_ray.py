@@ -1,0 +1,234 @@
+"""Exports on a Ray cluster: a head and a second node started as separate processes on 127.0.0.1.
+
+Each node offers one CPU, so a batch of two models x two qmodes has to spread over both.
+The tests check what a cluster user relies on: the files are the local engine's, a
+killed worker is retried, Ctrl-C leaves no task running, every repo gets one commit.
+"""
+
+from __future__ import annotations
+
+import os
+import re
+import secrets
+import shutil
+import signal
+import socket
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import pytest
+
+from hub_export.demo import build_tiny_model
+from hub_export.localhub.pytest_plugin import LocalHubFixture
+from hub_export.manifest import Manifest, sha256_file
+from hub_export.publish import list_variants
+
+RAY = Path(sys.executable).parent / "ray"
+HUB_EXPORT = Path(sys.executable).parent / "hub-export"
+TASK_TITLE = b"ray::hub-export "  # Ray titles a worker by the task it runs: "hub-export 8da4w SOURCE", "hub-export prepare SOURCE"
+
+
+def _free_port() -> int:
+    with socket.socket() as probe:
+        probe.bind(("127.0.0.1", 0))
+        return probe.getsockname()[1]
+
+
+def _alive_nodes(address: str) -> int:
+    code = f"import ray; ray.init(address={address!r}, log_to_driver=False); print(sum(n['Alive'] for n in ray.nodes()))"
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else 0
+
+
+def _task_processes() -> dict[int, bytes]:
+    """Ray worker processes running one of our tasks, by their titles."""
+    found = {}
+    for cmdline in Path("/proc").glob("[0-9]*/cmdline"):
+        try:
+            title = cmdline.read_bytes()
+        except OSError:
+            continue
+        if title.startswith(TASK_TITLE):
+            found[int(cmdline.parent.name)] = title.split(b"\0")[0]
+    return found
+
+
+@pytest.fixture(scope="module")
+def ray_cluster(hf_isolated_env) -> str:
+    """``host:port`` of a two-node Ray cluster (1 CPU each), stopped afterwards."""
+    # Ray's socket paths live under its temp dir and must stay short.
+    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
+    port = _free_port()
+    address = f"127.0.0.1:{port}"
+    # Token authentication, as Ray sets up a cluster by default, with this cluster's own token:
+    # every node and every driver (the CLI runs, this process) must present it.
+    token_file = Path(temp) / "auth_token"
+    token_file.write_text(secrets.token_hex(32))
+    settings = pytest.MonkeyPatch()
+    settings.setenv("RAY_AUTH_MODE", "token")
+    settings.setenv("RAY_AUTH_TOKEN_PATH", str(token_file))
+    settings.setenv("RAY_USAGE_STATS_ENABLED", "0")
+    env = dict(os.environ)
+    common = ["--block", "--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
+    head = subprocess.Popen([str(RAY), "start", "--head", f"--port={port}", "--include-dashboard=false",
+                             f"--temp-dir={temp}", *common], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
+    nodes = [head]
+    try:
+        deadline = time.monotonic() + 90
+        while _alive_nodes(address) < 1:
+            assert time.monotonic() < deadline and head.poll() is None, "the Ray head did not start"
+            time.sleep(1)
+        nodes.append(subprocess.Popen([str(RAY), "start", f"--address={address}", *common], env=env,
+                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
+        while _alive_nodes(address) < 2:
+            assert time.monotonic() < deadline, "the second Ray node did not join"
+            time.sleep(1)
+        yield address
+    finally:
+        for node in reversed(nodes):
+            node.send_signal(signal.SIGTERM)
+        for node in reversed(nodes):
+            try:
+                node.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                node.kill()
+        settings.undo()
+        shutil.rmtree(temp, ignore_errors=True)
+
+
+@pytest.fixture(scope="module")
+def second_model(tmp_path_factory) -> Path:
+    return build_tiny_model(tmp_path_factory.mktemp("ray-models") / "tiny-two", seed=1)
+
+
+def _batch(hub: LocalHubFixture, plan: Path, address: str, *extra: str) -> subprocess.Popen:
+    env = {**os.environ, "COLUMNS": "300", "HF_TOKEN": hub.alice_token, "RAY_USAGE_STATS_ENABLED": "0"}
+    return subprocess.Popen(
+        [str(HUB_EXPORT), "batch", str(plan), "--ray-address", address, "--endpoint", hub.endpoint, *extra],
+        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
+    )
+
+
+def test_a_batch_spreads_over_two_nodes_survives_a_killed_worker_and_matches_the_local_files(
+    ray_cluster, local_hub: LocalHubFixture, tiny_model: Path, second_model: Path, exported_multi: Path, tmp_path
+):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(
+        "defaults: {qmodes: [8da4w, fp32], qembedding: 8w, max_seq_len: 64, quality_tokens: 128}\n"
+        "jobs:\n"
+        f"  - {{source: {tiny_model}, repo: alice/tiny-one-ExecuTorch}}\n"
+        f"  - {{source: {second_model}, repo: alice/tiny-two-ExecuTorch}}\n"
+    )
+    run = _batch(local_hub, plan, ray_cluster, "--retries", "1")
+    killed = None
+    deadline = time.monotonic() + 300
+    first_seen: dict[int, float] = {}
+    while run.poll() is None and time.monotonic() < deadline:
+        if killed is None:
+            for pid, title in _task_processes().items():
+                if not title.startswith(TASK_TITLE + b"prepare") and time.monotonic() - first_seen.setdefault(pid, time.monotonic()) > 3:
+                    os.kill(pid, signal.SIGKILL)  # what the out-of-memory killer does to a worker
+                    killed = pid
+                    break
+        time.sleep(0.3)
+    out, err = run.communicate(timeout=max(1, deadline - time.monotonic()))
+    assert killed is not None, "no build task was seen running"
+    assert run.returncode == 0, err[-3000:]
+    assert "2 job(s): 2 pushed, 1 variant build(s) retried after a worker died" in out
+    assert "retry 1 of 1" in err
+    nodes = set(re.findall(r"building on node (\w+)", err))
+    assert len(nodes) == 2, f"the builds ran on {nodes}"
+
+    for repo in ("alice/tiny-one-ExecuTorch", "alice/tiny-two-ExecuTorch"):
+        manifest = list_variants(repo, endpoint=local_hub.endpoint)
+        assert [v.qmode for v in manifest.variants] == ["8da4w", "fp32"]
+        assert all(v.verification.passed for v in manifest.variants)
+        commits = local_hub.api(local_hub.alice_token).list_repo_commits(repo)
+        assert sum("model-" in c.title or "variant" in c.title.lower() for c in commits) == 1, [c.title for c in commits]
+    # Byte-identical to the local engine's files (built in local worker processes by the session fixture).
+    local = {v.qmode: v.sha256 for v in Manifest.read(exported_multi).variants}
+    remote = {v.qmode: v.sha256 for v in list_variants("alice/tiny-one-ExecuTorch", endpoint=local_hub.endpoint).variants}
+    assert remote == local
+
+    # The same plan again: every repo already holds its variants built the same way.
+    again = _batch(local_hub, plan, ray_cluster)
+    out, err = again.communicate(timeout=120)
+    assert again.returncode == 0, err[-3000:]
+    assert "2 job(s): 2 up to date" in out
+    assert "building on node" not in err
+
+
+def test_ctrl_c_cancels_the_running_tasks_and_pushes_nothing(
+    ray_cluster, local_hub: LocalHubFixture, second_model: Path, tmp_path
+):
+    plan = tmp_path / "plan.yaml"
+    plan.write_text(f"jobs: [{{source: {second_model}, repo: alice/tiny-cancelled, qmodes: [8da8w], max_seq_len: 64}}]\n")
+    run = _batch(local_hub, plan, ray_cluster)
+    deadline = time.monotonic() + 120
+    while not _task_processes() and time.monotonic() < deadline:
+        assert run.poll() is None, run.communicate()[1][-3000:]
+        time.sleep(0.2)
+    assert _task_processes(), "no task started"
+    time.sleep(1)
+    run.send_signal(signal.SIGINT)
+    _, err = run.communicate(timeout=60)
+    assert run.returncode == 130, err[-3000:]
+    assert "Interrupted." in err and "│ cancelled │" in err, err
+    deadline = time.monotonic() + 15
+    while _task_processes() and time.monotonic() < deadline:
+        time.sleep(0.5)
+    assert _task_processes() == {}, "a task outlived the Ctrl-C"
+    assert not local_hub.api(local_hub.alice_token).repo_exists("alice/tiny-cancelled")
+
+
+def test_a_node_without_the_prepared_folder_downloads_the_same_revision_through_its_hub_cache(
+    local_hub: LocalHubFixture, tiny_model: Path, tmp_path
+):
+    from hub_export.options import ExportOptions
+    from hub_export.prepare import SourceRequest, resolve_source, source_on_this_node
+
+    api = local_hub.api(local_hub.alice_token)
+    api.create_repo("alice/tiny-source")
+    api.upload_folder(folder_path=str(tiny_model), repo_id="alice/tiny-source")
+    request = SourceRequest("alice/tiny-source", ExportOptions(), local_hub.alice_token, local_hub.endpoint,
+                            cache_dir=tmp_path / "driver-cache")
+    prepared_src = resolve_source(request)
+    api.upload_file(path_or_fileobj=b"moved on", path_in_repo="NOTES.md", repo_id="alice/tiny-source")
+
+    elsewhere = SourceRequest(request.source, request.options, request.token, request.endpoint,
+                              cache_dir=tmp_path / "node-cache")
+    gone = type(prepared_src)(tmp_path / "not-on-this-node", prepared_src.name, prepared_src.revision, False,
+                              prepared_src.config)
+    on_node = source_on_this_node(gone, elsewhere)
+    assert on_node.revision == prepared_src.revision  # the prepared commit, not the branch's new head
+    assert on_node.path.is_relative_to(tmp_path / "node-cache")
+    assert sha256_file(on_node.path / "model.safetensors") == sha256_file(prepared_src.path / "model.safetensors")
+    assert source_on_this_node(prepared_src, elsewhere) is prepared_src  # readable here: no download
+
+
+def test_the_space_hands_its_export_to_the_cluster_and_still_streams_its_log(
+    ray_cluster, local_hub: LocalHubFixture, second_model: Path, monkeypatch
+):
+    from test_space import space_app
+
+    monkeypatch.setenv("HUB_EXPORT_RAY_ADDRESS", ray_cluster)
+    monkeypatch.setenv("HUB_EXPORT_SPACE_OFFLINE", "1")
+    monkeypatch.setenv("HF_ENDPOINT", local_hub.endpoint)
+    settings = space_app.settings_from_env()
+    assert settings.ray_address == ray_cluster
+    jobs = space_app.Jobs(settings)
+    engine = jobs.engine()
+    assert engine.name == "ray" and jobs.engine() is engine  # connected once, shared by the jobs
+
+    updates = list(jobs.export(str(second_model), "", ["fp32"], "none", "", 64, "alice/tiny-space-ray", False,
+                               local_hub.alice_token, None, progress=lambda *args, **kwargs: None))
+    status, log_text, link, table, card, repo_id = updates[-1]
+    assert repo_id == "alice/tiny-space-ray" and "model-fp32.pte" in set(table["file"])
+    assert len(updates) > 5  # the log streamed while the cluster worked
+    where = re.findall(r"building on node \w+ \([^)]*pid (\d+)\)", log_text)
+    assert where and int(where[0]) != os.getpid(), log_text  # built in a cluster worker, not the web process
+    assert "verifying" in log_text and local_hub.alice_token not in log_text
+    engine.close()
