@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all demo demo-quick space bench bench-recipes bench-cluster clean
+.PHONY: install test test-all demo demo-quick space bench bench-recipes bench-peer bench-cluster clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -17,7 +17,7 @@ $(STAMP): pyproject.toml constraints.txt
 install: $(STAMP)
 
 test: $(STAMP)
-	$(VENV)/bin/pytest -q --durations=15
+	$(VENV)/bin/pytest -q --durations=40
 
 test-all: $(STAMP)
 	$(VENV)/bin/pytest -q -m "slow or not slow"
@@ -37,6 +37,10 @@ bench: $(STAMP)
 # 4-bit recipes on the real SmolLM2 (minmax vs HQQ scales vs the calibrated mixed qmode); about 30 minutes.
 bench-recipes: $(STAMP)
 	$(PY) -m benchmarks.quant_recipes
+
+# hub-export against optimum-executorch 1.1.0 (its own venv under benchmarks/work), same model, same run; about 30 minutes.
+bench-peer: $(STAMP)
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w
 
 # A batch of two models x two qmodes on a Ray cluster of one node, then two (both on this machine); about 15 minutes.
 bench-cluster: $(STAMP)

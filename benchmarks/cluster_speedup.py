@@ -16,6 +16,7 @@ from __future__ import annotations
 import argparse
 import json
 import os
+import secrets
 import shutil
 import signal
 import socket
@@ -36,9 +37,12 @@ def _port() -> int:
         return probe.getsockname()[1]
 
 
+ENV: dict[str, str] = {}
+
+
 def _nodes(address: str) -> int:
     code = f"import ray; ray.init(address={address!r}, log_to_driver=False); print(sum(n['Alive'] for n in ray.nodes()))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
+    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV)
     return int(done.stdout.split()[-1]) if done.returncode == 0 and done.stdout.strip() else 0
 
 
@@ -90,8 +94,11 @@ def main() -> None:
 
     work = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
     ray_temp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # Ray's socket paths must stay short
+    token_file = Path(ray_temp) / "auth_token"  # the cluster's own token: nodes and drivers present it
+    token_file.write_text(secrets.token_hex(32))
     env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HOME": str(work / "hf"), "HF_HUB_DISABLE_XET": "1",
-           "COLUMNS": "200"}
+           "COLUMNS": "200", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
+    ENV.update(env)
     processes: list[subprocess.Popen] = []
     try:
         from hub_export.localhub.store import add_user

@@ -166,11 +166,17 @@ def _here() -> str:
     return f"node {ray.get_runtime_context().get_node_id()[:8]} ({socket.gethostname()}, pid {os.getpid()})"
 
 
+def _send(relay, message: tuple) -> None:
+    """Post ``message`` to the driver without waiting: a task blocked in ``ray.get`` lends its CPU
+    to another task, which would put two builds on a one-CPU node."""
+    relay.actor.put_nowait.remote(message)
+
+
 def _prepare_task(request: SourceRequest, relay, quiet: bool) -> Prepared:
     """On a node: prepare ``request``'s source; the result goes back without the model."""
     _task_setup(quiet)
-    relay.put(("note", -1, f"preparing {request.source} on {_here()}"))
-    prepared = prepare(request, lambda *event: relay.put(("say", -1, event)))
+    _send(relay, ("note", -1, f"preparing {request.source} on {_here()}"))
+    prepared = prepare(request, lambda *event: _send(relay, ("say", -1, event)))
     prepared.model = None
     return prepared
 
@@ -178,11 +184,11 @@ def _prepare_task(request: SourceRequest, relay, quiet: bool) -> Prepared:
 def _build_task(job: VariantJob, request: SourceRequest, relay) -> tuple["Variant", dict[str, bytes]]:
     """On a node: build ``job``'s variant and return its record and its files' bytes."""
     _task_setup(job.quiet)
-    relay.put(("start", job.index, _here()))
+    _send(relay, ("start", job.index, _here()))
     src = source_on_this_node(job.src, request)
     with tempfile.TemporaryDirectory(prefix="hub-export-task-") as scratch:
         variant = build_job(replace(job, src=src, workdir=Path(scratch)),
-                            say=lambda *event: relay.put(("say", job.index, event)))
+                            say=lambda *event: _send(relay, ("say", job.index, event)))
         names = [name for name in (variant.file, variant.data_file) if name]
         return variant, {name: (Path(scratch) / name).read_bytes() for name in names}
 

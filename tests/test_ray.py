@@ -126,7 +126,13 @@ def test_a_batch_spreads_over_two_nodes_survives_a_killed_worker_and_matches_the
     killed = None
     deadline = time.monotonic() + 300
     first_seen: dict[int, float] = {}
+    busiest, crowded, previous = 0, [], {}
     while run.poll() is None and time.monotonic() < deadline:
+        running = _task_processes()
+        busiest = max(busiest, len(running))
+        if len(running) > 2 and running == previous:  # twice in a row: not a finishing task's last moment
+            crowded.append(running)
+        previous = running
         if killed is None:
             for pid, title in _task_processes().items():
                 if not title.startswith(TASK_TITLE + b"prepare") and time.monotonic() - first_seen.setdefault(pid, time.monotonic()) > 3:
@@ -141,6 +147,7 @@ def test_a_batch_spreads_over_two_nodes_survives_a_killed_worker_and_matches_the
     assert "retry 1 of 1" in err
     nodes = set(re.findall(r"building on node (\w+)", err))
     assert len(nodes) == 2, f"the builds ran on {nodes}"
+    assert busiest >= 2 and not crowded, crowded  # one task per CPU: both nodes busy, neither running two
 
     for repo in ("alice/tiny-one-ExecuTorch", "alice/tiny-two-ExecuTorch"):
         manifest = list_variants(repo, endpoint=local_hub.endpoint)
