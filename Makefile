@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-all demo demo-quick space bench bench-recipes bench-peer bench-cluster clean
+.PHONY: install test test-real test-all demo demo-quick space bench bench-recipes bench-peer bench-cluster clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -19,8 +19,12 @@ install: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/pytest -q --durations=40
 
+# The real SmolLM2-135M-Instruct exported once and checked (answers, quality, the judge, the card): about 15 minutes.
+test-real: $(STAMP)
+	$(VENV)/bin/pytest -q -m real --durations=10
+
 test-all: $(STAMP)
-	$(VENV)/bin/pytest -q -m "slow or not slow"
+	$(VENV)/bin/pytest -q -m "slow or real or not slow"
 
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh

@@ -37,6 +37,7 @@ def real_export(tmp_path_factory) -> Path:
     return out
 
 
+@pytest.mark.real
 def test_real_model_exports_verifies_and_reports_text_quality(real_export):
     manifest = json.loads((real_export / "manifest.json").read_text())
     source = manifest["source"]
@@ -58,6 +59,7 @@ def test_real_model_exports_verifies_and_reports_text_quality(real_export):
     assert (real_export / "chat_template.jinja").is_file()
 
 
+@pytest.mark.real
 def test_real_model_answers_through_its_chat_template(real_export):
     from hub_export.generate import generate
 
@@ -71,6 +73,7 @@ def test_real_model_answers_through_its_chat_template(real_export):
     assert not raw.chat and raw.prompt_tokens < result.prompt_tokens
 
 
+@pytest.mark.real
 def test_real_model_sampling_is_seeded(real_export):
     from hub_export.generate import Sampling, generate
 
@@ -83,6 +86,7 @@ def test_real_model_sampling_is_seeded(real_export):
     assert first.text == again.text and first.text != other.text
 
 
+@pytest.mark.real
 def test_card_states_gguf_origin_and_quality(real_export):
     from hub_export.card import render_card
     from hub_export.manifest import Manifest
@@ -109,6 +113,7 @@ def _scale_rope(model, factor: float):
     return model
 
 
+@pytest.mark.real
 def test_verification_fails_a_file_that_computes_something_else(real_export):
     """The judge on real weights. The honest 8da4w file passed against its own quantized eager model (the
     fixture's verification); judged against the eager model of a broken variant of it, it must fail. The
@@ -174,6 +179,7 @@ def test_bad_gguf_sources_are_one_clear_line(tmp_path, capsys):
     assert "llama" in error_line(run_cli(["export", str(folder), "--gguf-file", "rwkv.gguf", "-o", str(out)], capsys)[2])
 
 
+@pytest.mark.real
 def test_gguf_from_the_hub_downloads_only_that_file(local_hub, tmp_path, real_export):
     """A Hub repo with a GGUF beside other files: only the GGUF is fetched, and its conversion is reused."""
     from hub_export.source import resolve
