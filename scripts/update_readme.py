@@ -15,6 +15,7 @@ BENCH_SECTIONS = (
     ("bench-table", "smollm2-135m-shaped"),
     ("bench-recipes", "quant-recipes"),
     ("bench-cluster", "cluster-speedup"),
+    ("bench-peer", "peer-8da4w"),
 )
 
 
