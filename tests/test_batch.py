@@ -67,3 +67,26 @@ def test_plan_files_that_are_missing_huge_or_binary_are_refused(tmp_path):
     binary.write_bytes(b"\xff\xfe\x00jobs")
     with pytest.raises(InputError, match="not UTF-8"):
         read_plan(binary)
+
+
+def test_a_failed_job_fails_its_own_repo_only_and_the_run_says_so(local_hub, tiny_model, tmp_path):
+    from hub_export.batch import run_batch, summary
+    from hub_export.publish import list_variants
+
+    jobs = parse_plan(
+        "defaults: {qmodes: [fp32], max_seq_len: 32, quality_tokens: 0}\n"
+        "jobs:\n"
+        "  - {source: alice/no-such-model, repo: alice/never-made}\n"
+        f"  - {{source: {tiny_model}, repo: alice/batch-survivor}}\n"
+    )
+    seen: list[str] = []
+    states = run_batch(jobs, token=local_hub.alice_token, endpoint=local_hub.endpoint,
+                       on_event=lambda state, line: seen.append(f"{state.job.repo_id}: {line}"))
+    assert [s.state for s in states] == ["failed", "pushed"]
+    assert "alice/no-such-model" in states[0].error and "\n" not in states[0].error
+    assert local_hub.alice_token not in states[0].error + "".join(seen)
+    assert not local_hub.api(local_hub.alice_token).repo_exists("alice/never-made")
+    assert [v.file for v in list_variants("alice/batch-survivor", endpoint=local_hub.endpoint).variants] == [
+        "model-fp32.pte"]
+    assert summary(states) == "2 job(s): 1 pushed, 1 failed"
+    assert any(line.startswith("alice/batch-survivor: [model-fp32.pte] verifying") for line in seen)
