@@ -2,6 +2,8 @@
 
 from __future__ import annotations
 
+import pytest
+
 import torch
 from torch import nn
 
@@ -62,6 +64,7 @@ def _lowered_bytes(model_dir, tmp_path, name: str) -> bytes:
     return path.read_bytes()
 
 
+@pytest.mark.slow  # two full lowerings (110 s): make test-all
 def test_skipping_idle_xnnpack_passes_leaves_the_pte_unchanged(tiny_model, tmp_path, monkeypatch):
     """The passes skipped on a decoder would only have re-traced it: same bytes with and without skipping."""
     import contextlib

@@ -198,12 +198,12 @@ def test_a_node_without_the_prepared_folder_downloads_the_same_revision_through_
     from hub_export.prepare import SourceRequest, resolve_source, source_on_this_node
 
     api = local_hub.api(local_hub.alice_token)
-    api.create_repo("alice/tiny-source")
-    api.upload_folder(folder_path=str(tiny_model), repo_id="alice/tiny-source")
-    request = SourceRequest("alice/tiny-source", ExportOptions(), local_hub.alice_token, local_hub.endpoint,
+    api.create_repo("alice/tiny-ray-source")
+    api.upload_folder(folder_path=str(tiny_model), repo_id="alice/tiny-ray-source")
+    request = SourceRequest("alice/tiny-ray-source", ExportOptions(), local_hub.alice_token, local_hub.endpoint,
                             cache_dir=tmp_path / "driver-cache")
     prepared_src = resolve_source(request)
-    api.upload_file(path_or_fileobj=b"moved on", path_in_repo="NOTES.md", repo_id="alice/tiny-source")
+    api.upload_file(path_or_fileobj=b"moved on", path_in_repo="NOTES.md", repo_id="alice/tiny-ray-source")
 
     elsewhere = SourceRequest(request.source, request.options, request.token, request.endpoint,
                               cache_dir=tmp_path / "node-cache")
