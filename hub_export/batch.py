@@ -30,7 +30,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import HubExportError, InputError
+from .errors import HubExportError, InputError, first_line
 from .options import ExportOptions, option_fields
 from .publish import check_repo_id
 from .redact import Redactor
@@ -273,7 +273,7 @@ def _run_job(batch: _Batch, state: JobState, engine: "Engine", token: str | None
         batch.update(state, state="failed", ended=time.monotonic(), error=batch.redactor(str(error)))
         return
     except Exception as error:  # noqa: BLE001 - one job's bug must not stop the others
-        line = f"{type(error).__name__}: {str(error).strip().splitlines()[0] if str(error).strip() else ''}"
+        line = f"{type(error).__name__}: {first_line(error)}"
         batch.update(state, state="failed", ended=time.monotonic(), error=batch.redactor(line))
         return
     batch.update(state, state="pushed" if result.pushed else "up to date", ended=time.monotonic(), result=result,

@@ -18,7 +18,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .card import human_size
-from .errors import HubExportError
+from .errors import HubExportError, first_line
 from .options import ExportOptions, option_fields
 from .quiet import quiet_libraries, quiet_torch
 
@@ -479,11 +479,6 @@ def _mount_subcommands() -> None:
     mount_hub(app)
 
 
-def _first_line(error: BaseException) -> str:
-    text = str(error).strip()
-    return text.splitlines()[0] if text else ""
-
-
 def _is_usage_error(error: Exception) -> bool:
     """A click error (bad option, missing argument), from click or the copy typer vendors."""
     import click
@@ -521,7 +516,7 @@ def main() -> None:
         if os.environ.get("HUB_EXPORT_DEBUG"):
             raise
         err.print(
-            f"[bold red]Internal error:[/bold red] {type(error).__name__}: {escape(_first_line(error))} "
+            f"[bold red]Internal error:[/bold red] {type(error).__name__}: {escape(first_line(error))} "
             "(rerun with HUB_EXPORT_DEBUG=1 for a traceback, and please report it)",
             soft_wrap=True,
         )

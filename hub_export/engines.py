@@ -32,7 +32,7 @@ from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
 
-from .errors import ExportError, HubExportError, InputError, opt
+from .errors import ExportError, HubExportError, InputError, first_line, opt
 from .manifest import sha256_file
 from .options import ExportOptions
 from .prepare import Prepared, SourceRequest, prepare, source_on_this_node
@@ -211,7 +211,7 @@ class RayEngine:
                          runtime_env={"env_vars": env} if env else None, **own_instance)
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = address or "a new local instance"
-                raise InputError(f"could not connect to the Ray cluster at {where}: {_first_line(exc)}",
+                raise InputError(f"could not connect to the Ray cluster at {where}: {first_line(exc) or type(exc).__name__}",
                                  hint="start one with `ray start --head`, or check --ray-address / RAY_ADDRESS; a "
                                       "cluster with token authentication also needs RAY_AUTH_MODE=token and its token "
                                       "(~/.ray/auth_token or RAY_AUTH_TOKEN)",
@@ -353,14 +353,9 @@ class RayEngine:
         except ray.exceptions.RayError as exc:
             what = f"the worker building {job.qmode}" if job is not None else "the worker preparing the source"
             raise ExportError(
-                f"{what} died {self.retries + 1} time(s) on the Ray cluster ({type(exc).__name__}: {_first_line(exc)})",
+                f"{what} died {self.retries + 1} time(s) on the Ray cluster ({type(exc).__name__}: {first_line(exc) or type(exc).__name__})",
                 hint=f"give the nodes more memory, or raise {opt('retries')}",
             ) from None
-
-
-def _first_line(exc: BaseException) -> str:
-    text = str(exc).strip()
-    return text.splitlines()[0] if text else type(exc).__name__
 
 
 def engine(ray: bool = False, ray_address: str | None = None, retries: int = DEFAULT_RETRIES) -> LocalEngine | RayEngine:

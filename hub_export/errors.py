@@ -118,3 +118,9 @@ class HubError(HubExportError):
     """A Hub request failed (permissions, unreachable endpoint, missing repo)."""
 
     exit_code = 5
+
+
+def first_line(error: BaseException) -> str:
+    """The first line of ``error``'s message ("" when it has none): a traceback's summary, never its body."""
+    text = str(error).strip()
+    return text.splitlines()[0] if text else ""

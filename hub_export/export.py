@@ -19,7 +19,7 @@ from . import quantize
 from .errors import InputError, opt
 from .manifest import Manifest, machine_description, package_versions
 from .options import DEFAULT_QUALITY_TOKENS, ExportOptions, options_with, variant_filename
-from .prepare import DEFAULT_MAX_SEQ_LEN, SourceRequest, resolve_max_seq_len
+from .prepare import SourceRequest
 from .progress import Callback, Tracker, tracker
 
 if TYPE_CHECKING:
