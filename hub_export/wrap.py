@@ -1,12 +1,11 @@
-"""Wrap: make a transformers decoder exportable with a static KV cache.
+"""Wrap: make a transformers decoder exportable with an ExecuTorch-friendly KV cache.
 
 The wrapped module has the signature the ExecuTorch LLM runner calls,
 ``forward(input_ids[1, seq], cache_position[seq]) -> logits[1, 1, vocab]``, and routes
-attention and cache writes through ExecuTorch's fused custom ops
-(``llama::custom_sdpa`` and ``llama::update_cache``), which keep the cache in
-``[batch, seq, heads, head_dim]`` layout and do causal masking from ``start_pos``
-inside the kernel: no mask tensor, no whole-cache copies or transposes, no GQA
-``repeat_kv``.
+attention and cache writes through :mod:`hub_export.kv_cache`: full-attention layers use
+ExecuTorch's fused custom ops (``llama::custom_sdpa`` and ``llama::update_cache``), which
+keep the cache in ``[batch, seq, heads, head_dim]`` layout and mask causally from
+``start_pos`` inside the kernel; sliding-window layers keep a ring buffer of their window.
 
 Only the last position's logits are returned: the runner samples from the last row
 anyway, and skipping the vocabulary projection for every other prompt token makes
@@ -16,17 +15,15 @@ prefill cheaper.
 from __future__ import annotations
 
 import contextlib
-import threading
-from dataclasses import dataclass
 
 import torch
 from torch import nn
 
+from . import kv_cache
+from .kv_cache import CacheLayout, ForwardContext, KVCache, masked_attention, plan_layers  # noqa: F401
 from .patches import delegable_norms, delegable_rotary, forget_compiled_globals
 
 ATTENTION_NAME = "hub_export_custom_sdpa"
-
-_state = threading.local()
 
 
 def _load_custom_ops() -> None:
@@ -34,120 +31,20 @@ def _load_custom_ops() -> None:
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
 
 
-@dataclass(frozen=True)
-class CacheSpec:
-    """Shape of the KV cache for one model."""
-
-    num_layers: int
-    num_kv_heads: int
-    head_dim: int
-    max_seq_len: int
-
-
-def cache_spec(config, max_seq_len: int) -> CacheSpec:
-    """Derive the cache shape from a transformers text config."""
-    heads = config.num_attention_heads
-    head_dim = getattr(config, "head_dim", None) or config.hidden_size // heads
-    kv_heads = getattr(config, "num_key_value_heads", None) or heads
-    return CacheSpec(config.num_hidden_layers, kv_heads, head_dim, max_seq_len)
-
-
-def _current_start_pos():
-    start_pos = getattr(_state, "start_pos", None)
-    if start_pos is None:
-        raise RuntimeError("custom_sdpa attention used outside of an ExportableDecoder forward")
-    return start_pos
-
-
-@contextlib.contextmanager
-def _start_pos(value):
-    # The attention function is called by transformers without the cache object, so
-    # the position is handed over through a thread-local for the length of a forward.
-    previous = getattr(_state, "start_pos", None)
-    _state.start_pos = value
-    try:
-        yield
-    finally:
-        _state.start_pos = previous
-
-
-class StaticKVCache(nn.Module):
-    """Per-layer key/value buffers in ``[1, max_seq_len, kv_heads, head_dim]`` layout.
-
-    Implements the one method transformers attention layers call on a cache,
-    ``update``; the writes go through ``llama::update_cache`` so they lower to an
-    in-place update in ExecuTorch instead of a full-cache copy.
-    """
-
-    def __init__(self, spec: CacheSpec, dtype: torch.dtype = torch.float32):
-        super().__init__()
-        shape = (1, spec.max_seq_len, spec.num_kv_heads, spec.head_dim)
-        for i in range(spec.num_layers):
-            self.register_buffer(f"k_{i}", torch.zeros(shape, dtype=dtype), persistent=False)
-            self.register_buffer(f"v_{i}", torch.zeros(shape, dtype=dtype), persistent=False)
-        self.num_layers = spec.num_layers
-
-    def update(self, key_states, value_states, layer_idx, *args, **kwargs):
-        start_pos = _current_start_pos()
-        k_cache = getattr(self, f"k_{layer_idx}")
-        v_cache = getattr(self, f"v_{layer_idx}")
-        # transformers hands [B, H, S, D]; the cache ops expect [B, S, H, D].
-        torch.ops.llama.update_cache(key_states.transpose(1, 2), k_cache, start_pos)
-        torch.ops.llama.update_cache(value_states.transpose(1, 2), v_cache, start_pos)
-        return k_cache, v_cache
-
-    def reset(self) -> None:
-        for buffer in self.buffers():
-            buffer.zero_()
-
-
 def custom_sdpa_attention(
     module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None, **kwargs
 ):
-    """transformers attention function backed by ``llama::custom_sdpa``.
+    """transformers attention function over the wrapper's :class:`~hub_export.kv_cache.KVCache`.
 
-    ``key``/``value`` are the full cache buffers returned by :class:`StaticKVCache`;
-    the kernel reads positions ``[0, start_pos + seq)`` and applies the causal mask.
-    Layers with a sliding window (that the cache can outgrow) or logit soft-capping,
-    which the fused kernel cannot express, take :func:`masked_attention` instead.
+    ``key``/``value`` are what the cache's ``update`` returned for this layer; the
+    layer's cache layout decides the kernel (see :func:`hub_export.kv_cache.attend`).
     Returns ``[B, S, H, D]``, the layout transformers expects from attention.
     """
-    start_pos = _current_start_pos()
-    if softcap or (sliding_window and sliding_window < key.shape[1]):
-        return masked_attention(query, key, value, start_pos, scaling, sliding_window, softcap), None
-    output = torch.ops.llama.custom_sdpa(
-        query.transpose(1, 2), key, value, start_pos, None, 0.0, True, scaling
-    )
-    return output, None
-
-
-def masked_attention(query, k_cache, v_cache, start_pos, scaling, sliding_window=None, softcap=None):
-    """Exact attention over the whole static cache with an explicit position mask.
-
-    Query ``[1, H, S, D]``, caches ``[1, L, Hkv, D]``. Key ``k`` is visible from query
-    position ``q`` when ``k <= q`` and, with a window ``W``, ``k > q - W`` (the rule
-    transformers uses). The cache keeps every position, so decoding past the window
-    stays exact; the cost is attention over ``max_seq_len`` slots on these layers.
-    """
-    _, heads, seq, dim = query.shape
-    length, kv_heads = k_cache.shape[1], k_cache.shape[2]
-    groups = heads // kv_heads
-    # Grouped-query attention without repeat_kv: fold each KV head's query group into rows.
-    q = query.contiguous().view(1, kv_heads, groups * seq, dim)
-    k = k_cache.transpose(1, 2)
-    v = v_cache.transpose(1, 2)
-    scores = torch.matmul(q, k.transpose(2, 3)) * (scaling if scaling is not None else dim**-0.5)
-    if softcap:
-        scores = torch.tanh(scores / softcap) * softcap
-    q_pos = (torch.arange(seq) + start_pos).view(seq, 1)
-    k_pos = torch.arange(length).view(1, length)
-    visible = k_pos <= q_pos
-    if sliding_window:
-        visible = visible & (k_pos > q_pos - sliding_window)
-    bias = torch.where(visible, 0.0, float("-inf")).repeat(groups, 1)
-    weights = torch.softmax(scores + bias, dim=-1)
-    output = torch.matmul(weights, v).reshape(1, heads, seq, dim)
-    return output.transpose(1, 2).contiguous()
+    layer = kv_cache.current_cache().layout.layers[module.layer_idx]
+    if sliding_window and layer.window != sliding_window and layer.slots > sliding_window:
+        raise RuntimeError(f"layer {module.layer_idx} slides over {sliding_window} positions but its cache "
+                           f"was planned for {layer.window}")
+    return kv_cache.attend(module, query, key, value, scaling, sliding_window, softcap), None
 
 
 def register_attention() -> None:
@@ -190,26 +87,31 @@ class ExportableDecoder(nn.Module):
         torch.Size([1, 1, 32000])
     """
 
-    def __init__(self, model: nn.Module, max_seq_len: int):
+    def __init__(self, model: nn.Module, max_seq_len: int, layout: CacheLayout | None = None):
         super().__init__()
         register_attention()
         set_attention(model, ATTENTION_NAME)
         text_config = model.config.get_text_config()
         self.model = model
-        self.max_seq_len = max_seq_len
-        spec = cache_spec(text_config, max_seq_len)
-        self.cache = StaticKVCache(spec, dtype=model.dtype)
-        for dim in rotary_dims(text_config, spec.head_dim):
+        self.layout = layout or plan_layers(text_config, max_seq_len)
+        self.max_seq_len = self.layout.max_seq_len
+        self.cache = KVCache(self.layout, dtype=model.dtype)
+        for dim in rotary_dims(text_config, self.layout.head_dim):
             self.register_buffer(f"rotate_half_weight_{dim}", rotate_half_weight(dim), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         start_pos = cache_position[0].item()
         torch._check(start_pos >= 0)
-        torch._check(start_pos < self.max_seq_len)
-        with _start_pos(start_pos):
+        positions = cache_position
+        if self.layout.unbounded:
+            # Attention sink: generation goes on forever; rope positions wrap inside the cache.
+            positions = kv_cache.sink_positions(cache_position, self.layout.sink, self.layout.sink_window)
+        else:
+            torch._check(start_pos < self.max_seq_len)
+        with ForwardContext(self.cache, start_pos):
             out = self.model(
                 input_ids=input_ids,
-                position_ids=cache_position.unsqueeze(0),
+                position_ids=positions.unsqueeze(0),
                 cache=self.cache,
                 use_cache=True,
                 logits_to_keep=1,
