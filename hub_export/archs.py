@@ -82,11 +82,28 @@ def check_rope(config, max_seq_len: int) -> None:
             )
 
 
-def check_config(config, max_seq_len: int) -> Family:
+def check_config(config, max_seq_len: int, options=None) -> Family:
     """Refuse, before any work, a config this exporter cannot export faithfully."""
     family = family_for(config.model_type)
     check_rope(config, max_seq_len)
+    if options is not None and options.attention_sink is not None:
+        check_attention_sink(config)
     return family
+
+
+def check_attention_sink(config) -> None:
+    """Refuse an attention sink where wrapping positions inside the cache cannot work."""
+    if config.model_type in LEARNED_POSITIONS:
+        raise InputError(f"{opt('attention_sink')} wraps rope positions, and {config.model_type} has learned "
+                         "absolute positions instead of rope; export it without the sink", param="attention_sink")
+    for rope in _rope_parameters(config):
+        kind = rope.get("rope_type") or rope.get("type") or "default"
+        if kind in LENGTH_DEPENDENT_ROPE:
+            raise InputError(f"{opt('attention_sink')} cannot work with {kind} rope, whose frequencies change with "
+                             "the sequence length; export it without the sink", param="attention_sink")
+
+
+LEARNED_POSITIONS = {"gpt2"}  # absolute position embeddings: no rope to wrap
 
 
 def markdown_table() -> str:

@@ -27,6 +27,10 @@ if TYPE_CHECKING:
     from .options import ExportOptions
     from .verify import Reference
 
+# get_max_context_len of a file whose cache never fills (attention sink): the runner's
+# limit on prompt plus generated tokens.
+UNBOUNDED_CONTEXT = 1 << 30
+
 Say = Callable[..., None]  # (message, stage, variant): a hub_export.progress.Tracker, or a worker's relay
 
 
@@ -115,6 +119,8 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     """
     from .lower import is_dynamic, runner_metadata, to_pte
     from .verify import expected_logits, verify
+    from .kv_cache import plan_layers
+    from .runtime import measure_memory
     from .wrap import ExportableDecoder, export_program
 
     opts = run.options
@@ -137,7 +143,8 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     release_memory()
     run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})", "export",
             name)
-    program = export_program(ExportableDecoder(model, run.max_seq_len))
+    layout = plan_layers(_text_config(model.config), run.max_seq_len, opts.sliding_cache, opts.kv_cache, opts.sink())
+    program = export_program(ExportableDecoder(model, run.max_seq_len, layout))
     bos, eos = token_ids(model)
     metadata = runner_metadata(
         max_seq_len=run.max_seq_len,
@@ -145,6 +152,7 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
         eos_ids=eos,
         vocab_size=_text_config(model.config).vocab_size,
         dynamic_shape=is_dynamic(program),
+        max_context_len=UNBOUNDED_CONTEXT if layout.unbounded else None,
     )
     run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)", "lower", name)
     path = run.workdir / name
@@ -159,11 +167,15 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     seconds = time.perf_counter() - started
 
     verification = Verification.skipped_record()
+    runtime_memory = None
     if expected is not None:
         run.say(f"[{name}] verifying against eager and in TextLLMRunner", "verify", name)
-        verification = verify(path, expected, run.reference, run.src.path / "tokenizer.json", mode.tolerance)
+        verification = verify(path, expected, run.reference, run.src.path / "tokenizer.json",
+                              judge_kind(mode.tolerance, opts.kv_cache))
         if not verification.passed:
             raise VerificationError(f"{name} failed verification: {verification.failure}")
+        run.say(f"[{name}] measuring memory at full context ({run.max_seq_len} positions)", "note", name)
+        runtime_memory = measure_memory(path, extra_tokens=8 if layout.unbounded else 0)
     grouped = mode.grouped
     return Variant(
         file=name,
@@ -181,7 +193,14 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
         data_size_bytes=data_path.stat().st_size if data_path else None,
         data_sha256=sha256_file(data_path) if data_path else None,
         recipe=_recipe_record(mode, opts, plan),
+        kv_cache={**layout.to_dict(), "sliding": opts.sliding_cache},
+        runtime_memory=runtime_memory,
     )
+
+
+def judge_kind(kind: str, kv_cache: str) -> str:
+    """The verification thresholds of a variant: an int8 KV cache rounds activations like dynamic quantization."""
+    return "dynamic" if kv_cache == "int8" else kind
 
 
 def _recipe_record(mode: quantize.QMode, options: "ExportOptions", plan: "MixedPlan | None") -> dict | None:

@@ -21,7 +21,7 @@ import yaml
 
 from . import quantize
 from .errors import InputError, opt
-from .manifest import Manifest, Quality, Variant
+from .manifest import Manifest, Quality, Variant, Verification
 
 CARD_NAME = "README.md"
 DEFAULT_TEMPLATE = "model_card.md.j2"
@@ -265,7 +265,32 @@ def variant_facts(variant: Variant) -> dict[str, Any]:
         "decode_tps": _figure(check.speed("decode"), ".0f"),
         "int4_scales": (variant.recipe or {}).get("int4_scales"),
         "mixed": _mixed_line(variant),
+        **memory_facts(variant),
     }
+
+
+def memory_facts(variant: Variant) -> dict[str, str]:
+    """The context, KV cache and memory cells of a variant.
+
+    Example:
+        >>> v = Variant("m.pte", "8da4w", None, 32, 2048, 10**8, "0" * 64, {}, Verification(), 1.0,
+        ...             kv_cache={"dtype": "int8", "bytes_at_full_context": 4_500_000, "ring_layers": 15, "layers": 18},
+        ...             runtime_memory={"peak_rss_bytes": 130_000_000, "context_tokens": 2048})
+        >>> memory_facts(v)["memory"], memory_facts(v)["kv_cache"]
+        ('130.0 MB', 'int8, 4.5 MB (15 of 18 layers ring)')
+    """
+    cache = variant.kv_cache or {}
+    sink = cache.get("attention_sink")
+    context = (f"unbounded (sink {sink[0]} + window {sink[1]})" if sink else f"{variant.max_seq_len} tokens")
+    if "bytes_at_full_context" not in cache:
+        return {"context": context, "kv_cache": "n/a", "memory": "n/a"}
+    kv = f"{cache.get('dtype', 'fp32')}, {human_size(cache['bytes_at_full_context'])}"
+    if cache.get("ring_layers") and not sink:
+        kv += f" ({cache['ring_layers']} of {cache.get('layers', '?')} layers ring)"
+    measured = (variant.runtime_memory or {}).get("peak_rss_bytes")
+    estimate = variant.total_bytes + cache["bytes_at_full_context"]
+    return {"context": context, "kv_cache": kv,
+            "memory": human_size(measured) if measured else f"~{human_size(estimate)} (weights + cache)"}
 
 
 FRONTIER_PLOT = "frontier.png"
@@ -361,6 +386,8 @@ def card_context(
         "hub_export_version": manifest.versions.get("hub-export", ""),
         "max_seq_lens": sorted({v.max_seq_len for v in manifest.variants}),
         "sliding_window": sliding_window(config),
+        "ring_cache": any((v.kv_cache or {}).get("ring_layers") for v in manifest.variants),
+        "attention_sink": any((v.kv_cache or {}).get("attention_sink") for v in manifest.variants),
         "config_known": bool(config),
         "all_verified": all(v["verified"] for v in variants),
     }

@@ -396,7 +396,7 @@ def ls_command(
     manifest = list_variants(repo_id, endpoint=endpoint, token=token, revision=revision)
     table = Table(title=escape(f"{repo_id}  (from {manifest.source.get('id')})"))
     table.add_column("file", no_wrap=True)
-    for column in ("size", "context"):
+    for column in ("size", "context", "memory"):
         table.add_column(column, justify="right", no_wrap=True)
     table.add_column("perplexity", no_wrap=True)
     table.add_column("verified vs eager")
@@ -405,7 +405,7 @@ def ls_command(
         facts = variant_facts(variant)
         decode = facts["decode_tps"]
         table.add_row(
-            variant.file, facts["size"], str(variant.max_seq_len), escape(facts["quality"]),
+            variant.file, facts["size"], escape(facts["context"]), escape(facts["memory"]), escape(facts["quality"]),
             escape(facts["verification"].removesuffix(" vs eager")), "-" if decode == "n/a" else decode,
         )
     out.print(table)

@@ -221,7 +221,8 @@ def stream_generate(
     if not ids:
         raise InputError("the prompt is empty after tokenization")
     model = PteModel(pte_path)
-    max_len = int(model.metadata.get("get_max_seq_len", 0))
+    chunk = max(1, int(model.metadata.get("get_max_seq_len", 0)) - 1)  # the longest forward the file takes
+    max_len = max(int(model.metadata.get("get_max_context_len", 0)), chunk + 1)
     eos = set(model.metadata.get("get_eos_ids", []))
     if len(ids) >= max_len:
         raise InputError(f"the prompt is {len(ids)} tokens; this file holds at most {max_len - 1}")
@@ -230,7 +231,9 @@ def stream_generate(
     seen = list(ids)
     stream = DecodeStream(skip_special_tokens=True)
     started = time.perf_counter()
-    logits = model.forward(torch.tensor([ids], dtype=torch.long), start_pos=0)
+    # A prompt longer than one forward (a file with an attention sink) is prefilled in chunks.
+    for start in range(0, len(ids), chunk):
+        logits = model.forward(torch.tensor([ids[start:start + chunk]], dtype=torch.long), start_pos=start)
     prefill_seconds = time.perf_counter() - started
 
     position, generated = len(ids), 0

@@ -17,6 +17,7 @@ def runner_metadata(
     eos_ids: list[int],
     vocab_size: int,
     dynamic_shape: bool,
+    max_context_len: int | None = None,
 ) -> dict[str, Any]:
     """The constant methods ExecuTorch's ``TextLLMRunner`` reads from a ``.pte``.
 
@@ -25,7 +26,8 @@ def runner_metadata(
     """
     metadata: dict[str, Any] = {
         "get_max_seq_len": max_seq_len,
-        "get_max_context_len": max_seq_len,
+        # Above max_seq_len only for a cache that never fills (attention sink).
+        "get_max_context_len": max_context_len or max_seq_len,
         "get_vocab_size": vocab_size,
         "get_eos_ids": list(eos_ids),
         "use_kv_cache": True,

@@ -46,6 +46,10 @@ class Variant:
     data_sha256: str | None = None
     # How it was quantized beyond its qmode: {"int4_scales": "hqq", "mixed": the calibrated plan}.
     recipe: dict[str, Any] | None = None
+    # The KV cache's layout and bytes (hub_export.kv_cache.CacheLayout.to_dict, plus "sliding").
+    kv_cache: dict[str, Any] | None = None
+    # Measured while verifying: hub_export.runtime.measure_memory's figures at full context.
+    runtime_memory: dict[str, Any] | None = None
 
     @property
     def total_bytes(self) -> int:
@@ -227,6 +231,46 @@ def check_variant(where: str, index: int, data: Any) -> None:
         raise _bad(where, f"{what}.per_channel_fallback", "is not a list of layer names")
     _check_data_file(where, what, data)
     _check_recipe(where, f"{what}.recipe", data.get("recipe"))
+    _check_memory(where, what, data)
+
+
+_KV_CACHE_COUNTS = ("layers", "ring_layers", "bytes_at_full_context", "bytes_per_token")
+_RUNTIME_MEMORY_COUNTS = ("peak_rss_bytes", "loaded_rss_bytes", "context_tokens")
+
+
+def _check_counts(where: str, what: str, record: dict, names: tuple[str, ...]) -> None:
+    for name in names:
+        if name in record and not (_is_int(record[name]) and 0 <= record[name] <= MAX_FILE_BYTES):
+            raise _bad(where, f"{what}.{name}", f"is {repr(record[name])[:40]}, not a count")
+
+
+def _check_memory(where: str, what: str, data: dict) -> None:
+    """The KV cache layout and the measured memory: known keys, counts and short labels only (the card shows them)."""
+    from .options import KV_DTYPES, SLIDING_CACHES
+
+    cache, memory = data.get("kv_cache"), data.get("runtime_memory")
+    if cache is not None:
+        _check_type(where, f"{what}.kv_cache", cache, dict, "an object")
+        unknown = sorted(set(cache) - {*_KV_CACHE_COUNTS, "dtype", "sliding", "ring_slots", "attention_sink"})
+        if unknown:
+            raise _bad(where, f"{what}.kv_cache", f"has unknown key {unknown[0][:40]!r}")
+        _check_counts(where, f"{what}.kv_cache", cache, _KV_CACHE_COUNTS)
+        if cache.get("dtype", "fp32") not in KV_DTYPES or cache.get("sliding", "ring") not in SLIDING_CACHES:
+            raise _bad(where, f"{what}.kv_cache", "has an unknown dtype or sliding layout")
+        for name in ("ring_slots", "attention_sink"):
+            value = cache.get(name)
+            if value is not None and not (isinstance(value, list) and len(value) <= 8
+                                          and all(_is_int(v) and 0 <= v < 2**31 for v in value)):
+                raise _bad(where, f"{what}.kv_cache.{name}", "is not a short list of counts")
+    if memory is not None:
+        _check_type(where, f"{what}.runtime_memory", memory, dict, "an object")
+        unknown = sorted(set(memory) - {*_RUNTIME_MEMORY_COUNTS, "seconds"})
+        if unknown:
+            raise _bad(where, f"{what}.runtime_memory", f"has unknown key {unknown[0][:40]!r}")
+        _check_counts(where, f"{what}.runtime_memory", memory, _RUNTIME_MEMORY_COUNTS)
+        seconds = memory.get("seconds", 0)
+        if not isinstance(seconds, (int, float)) or isinstance(seconds, bool) or not math.isfinite(seconds):
+            raise _bad(where, f"{what}.runtime_memory.seconds", "is not a number")
 
 
 _LAYER_NAME = re.compile(r"[A-Za-z0-9_.]{1,200}")

@@ -30,6 +30,8 @@ from .errors import InputError, opt
 DEFAULT_SIZE_RATIO = 1.15  # the mixed qmode's default size cap, relative to plain 8da4w
 DEFAULT_QUALITY_TOKENS = 2048  # hub_export.verify.DEFAULT_QUALITY_TOKENS, without importing torch here
 EXPORT_AND_PUSH = ("export", "push")
+SLIDING_CACHES = ("ring", "full")  # hub_export.kv_cache's layouts of a sliding-window layer
+KV_DTYPES = ("fp32", "int8")
 SOURCE_OPTIONS = ("base_model", "license", "model_name", "revision", "gguf_file")
 
 
@@ -67,6 +69,16 @@ class ExportOptions:
     group_size: int = _option(quantize.DEFAULT_GROUP_SIZE, help="Group size for grouped int4 weights.")
     max_seq_len: int | None = _option(
         None, help="KV cache length (prompt + generation). Default: min(model limit, 2048).", show_default=False)
+    sliding_cache: str = _option(
+        "ring", "--sliding-cache",
+        help="Cache of sliding-window layers: ring (keeps the window, exact) or full (every position, masked).")
+    kv_cache: str = _option(
+        "fp32", "--kv-cache",
+        help="KV cache values: fp32, or int8 (per token and head, about a quarter of the memory; costs some accuracy).")
+    attention_sink: str | None = _option(
+        None, "--attention-sink", show_default=False,
+        help="SINK,WINDOW (e.g. 4,2044): keep the first SINK tokens and the last WINDOW, and generate past the cache "
+             "(StreamingLLM); the cache holds SINK+WINDOW positions, rope positions wrap within it.")
     verify: bool = _option(True, help="Verify each .pte against the eager model and in TextLLMRunner.",
                            commands=("export",), reproduce=False)
     jobs: int | None = _option(
@@ -136,6 +148,38 @@ class ExportOptions:
         self._validate_recipe()
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise InputError(f"{opt('max_seq_len')} must be at least 2 (got {self.max_seq_len})", param="max_seq_len")
+        self._validate_cache()
+
+    def _validate_cache(self) -> None:
+        if self.sliding_cache not in SLIDING_CACHES:
+            raise InputError(f"unknown {opt('sliding_cache')} {self.sliding_cache!r}; choose from "
+                             f"{', '.join(SLIDING_CACHES)}", param="sliding_cache")
+        if self.kv_cache not in KV_DTYPES:
+            raise InputError(f"unknown {opt('kv_cache')} {self.kv_cache!r}; choose from {', '.join(KV_DTYPES)}",
+                             param="kv_cache")
+        if self.attention_sink is None:
+            return
+        self.sink()  # parses or raises
+        if self.sliding_cache == "full":
+            raise InputError(f"{opt('attention_sink')} keeps every layer in a ring buffer; it cannot keep "
+                             f"{opt('sliding_cache')} full", param="attention_sink", hint=f"drop {opt('sliding_cache')} full")
+        if self.max_seq_len is not None:
+            raise InputError(f"{opt('attention_sink')} SINK,WINDOW sets the cache size (SINK+WINDOW positions); "
+                             f"drop {opt('max_seq_len')}", param="attention_sink")
+
+    def sink(self) -> tuple[int, int] | None:
+        """``--attention-sink`` as (sink tokens, window tokens), or None."""
+        if self.attention_sink is None:
+            return None
+        parts = str(self.attention_sink).replace(" ", "").split(",")
+        if len(parts) != 2 or not all(part.isdigit() for part in parts):
+            raise InputError(f"{opt('attention_sink')} takes SINK,WINDOW, two whole numbers such as 4,2044 "
+                             f"(got {self.attention_sink!r})", param="attention_sink")
+        sink, window = int(parts[0]), int(parts[1])
+        if not 1 <= sink <= 1024 or not 2 <= window <= 1 << 20:
+            raise InputError(f"{opt('attention_sink')} needs 1 to 1024 sink tokens and a window of 2 or more "
+                             f"(got {sink},{window})", param="attention_sink")
+        return sink, window
 
     def _validate_recipe(self) -> None:
         if self.int4_scales not in quantize.INT4_SCALES:

@@ -64,9 +64,18 @@ def _max_positions(config: dict) -> int | None:
     return text.get("max_position_embeddings") or text.get("n_positions")
 
 
-def resolve_max_seq_len(config: dict, requested: int | None) -> int:
-    """``requested`` checked against the model's limit, or a phone-friendly default."""
+def resolve_max_seq_len(config: dict, requested: int | None, sink: tuple[int, int] | None = None) -> int:
+    """``requested`` checked against the model's limit, or a phone-friendly default.
+
+    Under an attention sink the cache holds SINK+WINDOW positions, and rope positions
+    stay below that however long generation runs.
+    """
     limit = _max_positions(config)
+    if sink is not None:
+        if limit and sum(sink) > limit:
+            raise InputError(f"{opt('attention_sink')} {sink[0]},{sink[1]} needs {sum(sink)} positions; the model "
+                             f"has {limit}", param="attention_sink", hint="choose a smaller window")
+        return sum(sink)
     if requested is None:
         return min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
     if limit and requested > limit:
@@ -128,8 +137,8 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
     resolved_len: dict[str, int] = {}
 
     def precheck(config: dict) -> None:
-        resolved_len["value"] = resolve_max_seq_len(config, options.max_seq_len)
-        archs.check_config(ConfigView(config), resolved_len["value"])
+        resolved_len["value"] = resolve_max_seq_len(config, options.max_seq_len, options.sink())
+        archs.check_config(ConfigView(config), resolved_len["value"], options)
         if options.share_embeddings and not ConfigView(config).tie_word_embeddings:
             raise InputError(
                 f"{request.source} does not tie its input and output embeddings, so {opt('share_embeddings')} has "

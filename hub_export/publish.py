@@ -486,7 +486,16 @@ def _built_as_asked(variant: Variant, qmode: str, options: ExportOptions) -> boo
         and bool(variant.data_file) == options.share_embeddings
         and scored == (options.quality_tokens > 0)
         and _same_recipe(variant, options)
+        and _same_cache(variant, options)
     )
+
+
+def _same_cache(variant: Variant, options: ExportOptions) -> bool:
+    """Whether ``variant``'s KV cache is the one ``options`` ask for (a manifest from before the choice: fp32, full)."""
+    cache = variant.kv_cache or {"dtype": "fp32", "sliding": "full", "attention_sink": None}
+    sink = list(options.sink()) if options.sink() else None
+    return (cache.get("dtype") == options.kv_cache and cache.get("sliding") == options.sliding_cache
+            and cache.get("attention_sink") == sink)
 
 
 def _same_recipe(variant: Variant, options: ExportOptions) -> bool:

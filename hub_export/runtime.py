@@ -283,3 +283,59 @@ def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens
             stats_callback=lambda s: stats.append(json.loads(s.to_json_string())),
         )
     return stats[-1] if stats else {}
+
+
+# -- memory ------------------------------------------------------------------------------
+
+_CLEAR_REFS = Path("/proc/self/clear_refs")
+RSS_FIELDS = ("VmRSS", "VmHWM")
+
+
+def _rss_kib() -> dict[str, int]:
+    values = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            name, _, rest = line.partition(":")
+            if name in RSS_FIELDS:
+                values[name] = int(rest.split()[0])
+    return values
+
+
+def measure_memory(pte: str | Path, extra_tokens: int = 0) -> dict | None:
+    """What running ``pte`` to full context costs in resident memory, measured in this process.
+
+    Resets the process's peak RSS (``/proc/self/clear_refs``), loads the program, prefills
+    ``get_max_seq_len - 1`` tokens and decodes up to the last position (plus
+    ``extra_tokens`` past it, for a file that generates past its cache), then reports
+    the peak's growth over the RSS before loading: the weights the runtime touched, its
+    planned activations and the whole KV cache. None where Linux's counters are missing.
+    """
+    import gc
+
+    if not _CLEAR_REFS.exists():
+        return None
+    gc.collect()
+    try:
+        _CLEAR_REFS.write_text("5")  # peak RSS := current RSS
+    except OSError:
+        return None
+    before = _rss_kib()["VmRSS"]
+    model = PteModel(pte)
+    loaded = _rss_kib()["VmRSS"]
+    length = int(model.metadata.get("get_max_seq_len", 2))
+    vocab = int(model.metadata.get("get_vocab_size", 2))
+    tokens = torch.arange(1, length, dtype=torch.long).remainder(vocab).view(1, -1)
+    started = time.perf_counter()
+    model.forward(tokens, start_pos=0)
+    for position in range(length - 1, length + extra_tokens):
+        model.forward(torch.tensor([[position % vocab]]), start_pos=position)
+    seconds = time.perf_counter() - started
+    peak = _rss_kib()["VmHWM"]
+    del model
+    gc.collect()
+    return {
+        "peak_rss_bytes": max(0, peak - before) * 1024,
+        "loaded_rss_bytes": max(0, loaded - before) * 1024,
+        "context_tokens": length + extra_tokens,
+        "seconds": round(seconds, 2),
+    }

@@ -44,7 +44,7 @@ log = logging.getLogger(__name__)
 MAX_NEW_TOKENS = 256
 MAX_PROMPT_CHARS = 4000
 TABLE_HEADERS = [
-    "file", "this job", "size", "max context", "verified", "verification", "perplexity (vs fp32)", "prefill tok/s",
+    "file", "this job", "size", "max context", "memory at full context", "verified", "verification", "perplexity (vs fp32)", "prefill tok/s",
     "decode tok/s",
 ]  # fmt: skip
 
@@ -332,7 +332,7 @@ def variant_rows(manifest: Manifest, this_job: list[str]) -> list[list[Any]]:
     for variant in manifest.variants:
         facts = variant_facts(variant)
         rows.append([
-            variant.file, "yes" if variant.file in this_job else "", facts["size"], f"{variant.max_seq_len} tokens",
+            variant.file, "yes" if variant.file in this_job else "", facts["size"], facts["context"], facts["memory"],
             "yes" if facts["verified"] else "no", facts["verification"], facts["quality"], facts["prefill_tps"],
             facts["decode_tps"],
         ])  # fmt: skip

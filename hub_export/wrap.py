@@ -27,8 +27,10 @@ ATTENTION_NAME = "hub_export_custom_sdpa"
 
 
 def _load_custom_ops() -> None:
-    # Importing registers llama::custom_sdpa / llama::update_cache with torch.
+    # Importing registers llama::custom_sdpa / llama::update_cache with torch, and the
+    # out variants of the quantized_decomposed per-token ops an int8 cache lowers to.
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    import executorch.kernels.quantized  # noqa: F401
 
 
 def custom_sdpa_attention(
