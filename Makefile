@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-real test-all demo demo-quick space bench bench-recipes bench-peer bench-cluster clean
+.PHONY: install test test-real test-all demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -49,6 +49,10 @@ bench-peer: $(STAMP)
 # A batch of two models x two qmodes on a Ray cluster of one node, then two (both on this machine); about 15 minutes.
 bench-cluster: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.cluster_speedup
+
+# KV cache layouts (fp32/int8, ring/full): memory, decode speed at 256 and 2048 tokens, exactness past the window.
+bench-kv: $(STAMP)
+	$(PY) -m benchmarks.kv_cache
 
 clean:
 	rm -rf .demo test-artifacts benchmarks/work
