@@ -17,7 +17,7 @@ class Family:
 
     name: str
     model_types: tuple[str, ...]
-    cache: str  # "static": full-length KV cache; "+ window mask": sliding layers masked exactly
+    cache: str  # "static": full-length KV cache; "+ ring (window)": sliding layers keep a ring buffer of their window
     status: str  # "verified": exported, verified and run in tests; "experimental": not yet covered
     notes: str = ""
 
@@ -26,15 +26,15 @@ FAMILIES: tuple[Family, ...] = (
     Family("Llama 2/3.x, SmolLM2", ("llama",), "static", "verified", "tied or untied embeddings; llama3/linear/yarn rope scaling"),
     Family("Qwen2 / Qwen2.5", ("qwen2",), "static", "verified", "q/k/v biases; tied embeddings (small sizes)"),
     Family("Qwen3", ("qwen3",), "static", "verified", "QK-norm; head_dim independent of hidden size"),
-    Family("Mistral", ("mistral",), "static + window mask", "verified", "sliding window exact past the window"),
+    Family("Mistral", ("mistral",), "static + ring (window)", "verified", "sliding window exact past the window"),
     Family("Phi-3 / Phi-4-mini", ("phi3",), "static", "verified", "fused qkv/gate-up; partial rotary; longrope only up to its original context"),
-    Family("Gemma 2", ("gemma2",), "static + window mask", "verified", "attention/final logit soft-capping; alternating sliding layers"),
-    Family("Gemma 3 (text)", ("gemma3_text",), "static + window mask", "verified", "QK-norm; sliding layers with local rope"),
+    Family("Gemma 2", ("gemma2",), "static + ring (window)", "verified", "attention/final logit soft-capping; alternating sliding layers"),
+    Family("Gemma 3 (text)", ("gemma3_text",), "static + ring (window)", "verified", "QK-norm; sliding layers with local rope"),
     Family("SmolLM3", ("smollm3",), "static", "verified", "NoPE layers"),
     Family("OLMo 2", ("olmo2",), "static", "verified", "QK-norm over the full projection"),
     Family("Granite", ("granite",), "static", "verified", "embedding/residual/attention/logit multipliers"),
     Family("StableLM", ("stablelm",), "static", "verified", "LayerNorm; partial rotary"),
-    Family("Starcoder2", ("starcoder2",), "static + window mask", "verified", "biases; LayerNorm; GELU MLP"),
+    Family("Starcoder2", ("starcoder2",), "static + ring (window)", "verified", "biases; LayerNorm; GELU MLP"),
     Family("GPT-2", ("gpt2",), "static", "verified", "learned absolute positions; Conv1D projections"),
     Family("GPT-NeoX / Pythia", ("gpt_neox",), "static", "verified", "parallel residual; partial rotary"),
 )

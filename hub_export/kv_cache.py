@@ -95,6 +95,7 @@ class CacheLayout:
             "dtype": self.dtype,
             "layers": len(self.layers),
             "ring_layers": len(rings),
+            "sliding_layers": sum(1 for layer in self.layers if layer.window is not None and not layer.sink),
             "ring_slots": sorted({layer.slots for layer in rings}),
             "attention_sink": [self.sink, self.sink_window] if self.sink is not None else None,
             "bytes_at_full_context": self.bytes_at_full_context(),

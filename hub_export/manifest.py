@@ -234,7 +234,7 @@ def check_variant(where: str, index: int, data: Any) -> None:
     _check_memory(where, what, data)
 
 
-_KV_CACHE_COUNTS = ("layers", "ring_layers", "bytes_at_full_context", "bytes_per_token")
+_KV_CACHE_COUNTS = ("layers", "ring_layers", "sliding_layers", "bytes_at_full_context", "bytes_per_token")
 _RUNTIME_MEMORY_COUNTS = ("peak_rss_bytes", "loaded_rss_bytes", "context_tokens")
 
 

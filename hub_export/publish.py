@@ -491,11 +491,15 @@ def _built_as_asked(variant: Variant, qmode: str, options: ExportOptions) -> boo
 
 
 def _same_cache(variant: Variant, options: ExportOptions) -> bool:
-    """Whether ``variant``'s KV cache is the one ``options`` ask for (a manifest from before the choice: fp32, full)."""
-    cache = variant.kv_cache or {"dtype": "fp32", "sliding": "full", "attention_sink": None}
+    """Whether ``variant``'s KV cache is the one ``options`` ask for.
+
+    The sliding layout matters only for a model with sliding layers; a manifest from
+    before these choices had an fp32 cache without a sink.
+    """
+    cache = variant.kv_cache or {"dtype": "fp32", "attention_sink": None}
     sink = list(options.sink()) if options.sink() else None
-    return (cache.get("dtype") == options.kv_cache and cache.get("sliding") == options.sliding_cache
-            and cache.get("attention_sink") == sink)
+    sliding_ok = not cache.get("sliding_layers") or cache.get("sliding") == options.sliding_cache
+    return cache.get("dtype") == options.kv_cache and cache.get("attention_sink") == sink and sliding_ok
 
 
 def _same_recipe(variant: Variant, options: ExportOptions) -> bool:

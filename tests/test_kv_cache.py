@@ -204,7 +204,10 @@ def test_sink_file_generates_past_its_cache_in_both_runners(sink_export, capsys)
     code, out, err = run_cli(["generate", str(sink_export / "model-fp32.pte"), "-p", "Once upon a time there was",
                               "--max-new-tokens", "40"], capsys)
     assert code == 0, err
-    assert "generated 40 tok" in out and "stop: max_new_tokens" in out
+    err = " ".join(err.split())  # the terminal may wrap the summary line
+    assert "generated 40 tok" in err and "stop: max_new_tokens" in err
+    prompt_tokens = int(err.split("prompt ")[1].split(" tok")[0])
+    assert prompt_tokens > SINK + SINK_WINDOW  # prefilled in chunks
 
 
 def test_manifest_and_card_state_the_cache_and_the_memory(sink_export):
@@ -258,7 +261,9 @@ def test_int8_cache_file_decodes_past_the_window_close_to_eager(int8_export):
     rows = [pte.forward(ids[:, :1], start_pos=0)] + [pte.forward(ids[:, p:p + 1], start_pos=p) for p in range(1, ids.shape[1])]
     actual = torch.log_softmax(torch.stack(rows), -1)
     assert (expected.exp() * (expected - actual)).sum(-1).max() < 1e-3
-    assert (actual.argmax(-1) == expected.argmax(-1)).float().mean() >= 0.95
+    # Where the file picks another token, eager rated it within a near-tie of its own pick (random weights).
+    gap = expected.max(-1).values - expected.gather(-1, actual.argmax(-1, keepdim=True)).squeeze(-1)
+    assert gap.max() < 0.02
 
 
 # -- hostile manifests ------------------------------------------------------------------------------
