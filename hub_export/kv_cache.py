@@ -327,21 +327,27 @@ def _ring_attention(cache: KVCache, i: int, layer: LayerCache, query, key, value
 
 def _grouped_attention(query, parts, scaling, softcap):
     """Softmax attention of ``query`` ``[1, H, S, D]`` over key/value blocks ``[1, L, Hkv, D]`` with
-    boolean visibility ``[S, L]`` each, under one softmax. Grouped-query attention without ``repeat_kv``:
-    each KV head's query group is folded into rows."""
+    boolean visibility ``[S, L]`` each, under one softmax.
+
+    Grouped-query attention without ``repeat_kv``: each KV head's query group is folded
+    into rows, and the mask is broadcast over the group rather than repeated (a long
+    prefill's scores are the largest tensors of the whole program).
+    """
     _, heads, seq, dim = query.shape
     kv_heads = parts[0][0].shape[2]
     groups = heads // kv_heads
     q = query.contiguous().view(1, kv_heads, groups * seq, dim)
     scale = scaling if scaling is not None else dim**-0.5
-    scores, biases = [], []
-    for k, _, visible in parts:
+    scores = []
+    for k, _, _ in parts:
         score = torch.matmul(q, k.transpose(1, 2).transpose(2, 3)) * scale
         if softcap:
             score = torch.tanh(score / softcap) * softcap
         scores.append(score)
-        biases.append(torch.where(visible, 0.0, float("-inf")).repeat(groups, 1))
-    weights = torch.softmax(torch.cat(scores, -1) + torch.cat(biases, -1), dim=-1)
+    score = scores[0] if len(scores) == 1 else torch.cat(scores, -1)
+    bias = torch.where(torch.cat([visible for *_, visible in parts], -1), 0.0, float("-inf"))
+    score = score.view(1, kv_heads, groups, seq, -1) + bias
+    weights = torch.softmax(score, dim=-1).view(1, kv_heads, groups * seq, -1)
     output, offset = None, 0
     for k, v, _ in parts:
         length = k.shape[1]

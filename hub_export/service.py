@@ -102,7 +102,7 @@ class ExportRequest:
 
 def export_request(
     source: Any, revision: Any, variants: Any, qembedding: Any, group_size: Any, max_seq_len: Any, repo_name: Any,
-    private: Any, *, endpoint: str, allow_local: bool = False,
+    private: Any, *, endpoint: str, allow_local: bool = False, kv_cache: Any = "fp32",
 ) -> ExportRequest:
     """Check an export form (or the same API arguments) into an :class:`ExportRequest`.
 
@@ -118,6 +118,7 @@ def export_request(
         group_size=whole_number(group_size, "Group size") or ExportOptions.group_size,
         max_seq_len=whole_number(max_seq_len, "Max sequence length"),
         revision=str(revision or "").strip() or None,
+        kv_cache=str(kv_cache or "fp32"),
         trust_remote_code=False,
     )
     name = str(repo_name or "").strip() or publish.default_repo_name(source)

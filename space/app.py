@@ -45,6 +45,7 @@ HERE = Path(__file__).parent
 FIELD_LABELS = {
     "token": "your token", "source": "'Source model'", "revision": "'Revision'", "qmodes": "'Variants'",
     "qembedding": "'Embedding quantization'", "group_size": "'Group size'", "max_seq_len": "'Max sequence length'",
+    "kv_cache": "'KV cache'",
     "repo_id": "'Target repo'", "endpoint": "the Space's HF_ENDPOINT", "branch": "the revision",
     "max_new_tokens": "'Max new tokens'", "system": "'System message'", "temperature": "'Temperature'",
     "top_p": "'Top-p'", "top_k": "'Top-k'", "repetition_penalty": "'Repetition penalty'", "seed": "'Seed'",
@@ -203,22 +204,23 @@ class Jobs:
         # HF_TOKEN too when unused: a Space secret must not leak through an echoed error.
         return Redactor(self.settings.env_token, os.environ.get("HF_TOKEN"), *tokens)
 
-    def export_request(self, *form: Any) -> service.ExportRequest:
+    def export_request(self, *form: Any, kv_cache: Any = "fp32") -> service.ExportRequest:
         return service.export_request(*form, endpoint=self.settings.endpoint,
-                                      allow_local=self.settings.allow_local_sources)
+                                      allow_local=self.settings.allow_local_sources, kv_cache=kv_cache)
 
     def _background(self, work, kind: str) -> BackgroundJob:
         return BackgroundJob(work, slots=self.lanes[kind], root=self.settings.work_root, kind=kind)
 
     def export(self, source, revision, variants, qembedding, group_size, max_seq_len, repo_name, private, token,
-               oauth_token: gr.OAuthToken | None = None, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
+               kv_cache="fp32", oauth_token: gr.OAuthToken | None = None,
+               progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
         """Export ``source`` to ExecuTorch, verify it and push it; yields (status, log, link, table, card, repo id)."""
         job_id = uuid.uuid4().hex[:8]
         redact = self.redactor(token, oauth_token.token if oauth_token else None)
         view = ExportView(status=f"{RUNNING} starting…")
         try:
             request = self.export_request(source, revision, variants, qembedding, group_size, max_seq_len,
-                                          repo_name, private)
+                                          repo_name, private, kv_cache=kv_cache)
             user = self.user_token(oauth_token, token, required=True)
             redact.add(user)
             yield view.outputs()
@@ -341,7 +343,7 @@ def build_app(settings: Settings | None = None) -> gr.Blocks:
         ex["source"].change(default_name, ex["source"], ex["repo_name"], api_visibility="private", queue=False)
         export_inputs = [
             ex["source"], ex["revision"], ex["variants"], ex["qembedding"], ex["group_size"],
-            ex["max_seq_len"], ex["repo_name"], ex["private"], token,
+            ex["max_seq_len"], ex["repo_name"], ex["private"], token, ex["kv_cache"],
         ]  # fmt: skip
         export_outputs = [ex["status"], ex["log"], ex["link"], ex["table"], ex["card"], ex["pushed"]]
         # Feedback at once, outside the queue: the old results go and the job shows as queued

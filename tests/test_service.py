@@ -51,6 +51,12 @@ def test_the_export_form_becomes_validated_options() -> None:
     with pytest.raises(InputError) as bad_group:  # the library's own check, with the option named
         export_request("acme/Model", "", ["8da4w"], "8w", 48, None, "x", False, endpoint=HUB)
     assert bad_group.value.param == "group_size"
+    assert options.kv_cache == "fp32"
+    assert export_request("acme/Model", "", ["8da4w"], "none", 32, 0, "x", False, endpoint=HUB,
+                          kv_cache="int8").options.kv_cache == "int8"
+    with pytest.raises(InputError) as bad_cache:
+        export_request("acme/Model", "", ["8da4w"], "none", 32, 0, "x", False, endpoint=HUB, kv_cache="int3")
+    assert bad_cache.value.param == "kv_cache"
 
 
 def test_the_preview_form_is_checked_before_any_download() -> None:
