@@ -35,20 +35,6 @@ ROUNDS = 3
 LAYERS = 6
 
 
-def gemma3_270m_config(layers: int | None = None):
-    """Gemma 3 270M's text config (18 layers: 5 sliding per global, window 512, one KV head of 256)."""
-    from transformers import Gemma3TextConfig
-
-    count = layers or 18
-    return Gemma3TextConfig(
-        vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=count,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
-        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(count)],
-        max_position_embeddings=32768, rope_theta=1_000_000.0, query_pre_attn_scalar=256,
-        bos_token_id=2, eos_token_id=1, pad_token_id=0, tie_word_embeddings=True,
-    )
-
-
 def _model(name: str, config) -> Path:
     from hub_export.demo import build_tiny_model
 
@@ -115,7 +101,7 @@ def exactness_past_window(model_dir: Path, pte: Path, tokens: int = MAX_SEQ_LEN)
 
 def full_depth_cache_bytes() -> list[dict]:
     """Cache bytes of the real configs at 8192 tokens, per layout."""
-    from benchmarks.models import smollm2_135m_config
+    from benchmarks.models import gemma3_270m_config, smollm2_135m_config
     from hub_export.kv_cache import plan_layers
 
     rows = []
@@ -128,7 +114,7 @@ def full_depth_cache_bytes() -> list[dict]:
 
 
 def run() -> dict:
-    from benchmarks.models import smollm2_135m_config
+    from benchmarks.models import gemma3_270m_config, smollm2_135m_config
     from hub_export.runtime import measure_memory
 
     smollm = smollm2_135m_config()

@@ -25,6 +25,20 @@ def smollm2_135m_config():
     )
 
 
+def gemma3_270m_config(layers: int | None = None):
+    """Gemma 3 270M's text config (18 layers: 5 sliding per global, window 512, one KV head of 256)."""
+    from transformers import Gemma3TextConfig
+
+    count = layers or 18
+    return Gemma3TextConfig(
+        vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=count,
+        num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(count)],
+        max_position_embeddings=32768, rope_theta=1_000_000.0, query_pre_attn_scalar=256,
+        bos_token_id=2, eos_token_id=1, pad_token_id=0, tie_word_embeddings=True,
+    )
+
+
 def build_smollm2_shaped(folder: str | Path) -> Path:
     """Save the random-weight SmolLM2-135M-shaped model with a tokenizer covering its vocabulary."""
     from hub_export.demo import build_tiny_model, train_tokenizer

@@ -113,7 +113,7 @@ def test_attention_sink_matches_its_eager_reference_past_the_cache(chunks):
 def test_gemma3_270m_cache_at_8k_tokens_shrinks_from_302_to_17_mb():
     """The issue's arithmetic, from the layouts: 18 x 8192 x 256 x 2 x 4 B with full fp32 caches; ring buffers
     on the 15 sliding layers and int8 values (plus a scale and zero point per row) leave about 16 MB."""
-    from benchmarks.kv_cache import gemma3_270m_config
+    from benchmarks.models import gemma3_270m_config
 
     config = gemma3_270m_config()
     full = plan_layers(config, 8192, "full", "fp32")
