@@ -235,7 +235,7 @@ def check_variant(where: str, index: int, data: Any) -> None:
 
 
 _KV_CACHE_COUNTS = ("layers", "ring_layers", "sliding_layers", "bytes_at_full_context", "bytes_per_token")
-_RUNTIME_MEMORY_COUNTS = ("peak_rss_bytes", "loaded_rss_bytes", "context_tokens")
+_RUNTIME_MEMORY_COUNTS = ("peak_rss_bytes", "context_tokens")
 
 
 def _check_counts(where: str, what: str, record: dict, names: tuple[str, ...]) -> None:

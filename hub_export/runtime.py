@@ -287,55 +287,30 @@ def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens
 
 # -- memory ------------------------------------------------------------------------------
 
-_CLEAR_REFS = Path("/proc/self/clear_refs")
-RSS_FIELDS = ("VmRSS", "VmHWM")
-
-
-def _rss_kib() -> dict[str, int]:
-    values = {}
-    with open("/proc/self/status") as status:
-        for line in status:
-            name, _, rest = line.partition(":")
-            if name in RSS_FIELDS:
-                values[name] = int(rest.split()[0])
-    return values
+MEMORY_PROBE_TIMEOUT_S = 900.0
 
 
 def measure_memory(pte: str | Path, extra_tokens: int = 0) -> dict | None:
-    """What running ``pte`` to full context costs in resident memory, measured in this process.
+    """What running ``pte`` to full context costs in resident memory, measured in a fresh process.
 
-    Resets the process's peak RSS (``/proc/self/clear_refs``), loads the program, prefills
-    ``get_max_seq_len - 1`` tokens and decodes up to the last position (plus
-    ``extra_tokens`` past it, for a file that generates past its cache), then reports
-    the peak's growth over the RSS before loading: the weights the runtime touched, its
-    planned activations and the whole KV cache. None where Linux's counters are missing.
+    The probe (``hub_export/memory_probe.py``) resets its peak RSS after importing the
+    runtime, loads the program, prefills ``get_max_seq_len - 1`` tokens and decodes up to
+    the last position (plus ``extra_tokens`` past it, for a file that generates past its
+    cache), and reports the peak's growth: the weights the runtime holds, its planned
+    activations and the whole KV cache. None where it cannot be measured (not Linux, the
+    probe failed); the export goes on without the figure.
     """
-    import gc
+    import subprocess
 
-    if not _CLEAR_REFS.exists():
+    if not Path("/proc/self/clear_refs").exists():
         return None
-    gc.collect()
+    probe = Path(__file__).with_name("memory_probe.py")
+    command = [sys.executable, str(probe), str(pte), str(int(extra_tokens))]
+    data = data_file_of(Path(pte))
+    if data is not None:
+        command.append(str(data))
     try:
-        _CLEAR_REFS.write_text("5")  # peak RSS := current RSS
-    except OSError:
+        done = subprocess.run(command, capture_output=True, text=True, timeout=MEMORY_PROBE_TIMEOUT_S)
+        return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
+    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
         return None
-    before = _rss_kib()["VmRSS"]
-    model = PteModel(pte)
-    loaded = _rss_kib()["VmRSS"]
-    length = int(model.metadata.get("get_max_seq_len", 2))
-    vocab = int(model.metadata.get("get_vocab_size", 2))
-    tokens = torch.arange(1, length, dtype=torch.long).remainder(vocab).view(1, -1)
-    started = time.perf_counter()
-    model.forward(tokens, start_pos=0)
-    for position in range(length - 1, length + extra_tokens):
-        model.forward(torch.tensor([[position % vocab]]), start_pos=position)
-    seconds = time.perf_counter() - started
-    peak = _rss_kib()["VmHWM"]
-    del model
-    gc.collect()
-    return {
-        "peak_rss_bytes": max(0, peak - before) * 1024,
-        "loaded_rss_bytes": max(0, loaded - before) * 1024,
-        "context_tokens": length + extra_tokens,
-        "seconds": round(seconds, 2),
-    }

@@ -16,6 +16,7 @@ BENCH_SECTIONS = (
     ("bench-recipes", "quant-recipes"),
     ("bench-cluster", "cluster-speedup"),
     ("bench-peer", "peer-8da4w"),
+    ("bench-kv", "kv-cache"),
 )
 
 

@@ -1,0 +1,56 @@
+"""Run a ``.pte`` to full context in a fresh process and print its peak memory (JSON).
+
+    python hub_export/memory_probe.py MODEL.pte EXTRA_TOKENS [DATA.ptd]
+
+Run as a script, not imported: the process must not have loaded anything but torch and
+the ExecuTorch runtime, so that its resident memory is what an app running the file
+would hold (an exporting process keeps freed heap and XNNPACK's packed weights, which
+hide the file's real cost). It imports no hub_export module, only ExecuTorch's binding
+and its kernel libraries, to start in about as long as ``import torch`` takes.
+"""
+
+import importlib.util
+import json
+import sys
+import time
+from pathlib import Path
+
+
+def rss_kib() -> dict:
+    values = {}
+    with open("/proc/self/status") as status:
+        for line in status:
+            name, _, rest = line.partition(":")
+            if name in ("VmRSS", "VmHWM"):
+                values[name] = int(rest.split()[0])
+    return values
+
+
+def main() -> None:
+    pte, extra = sys.argv[1], int(sys.argv[2])
+    data = sys.argv[3] if len(sys.argv) > 3 else None
+    import torch
+    from executorch.extension.pybindings._C import _load_for_executorch
+
+    root = Path(importlib.util.find_spec("executorch").submodule_search_locations[0])
+    for library in (*root.glob("extension/llm/custom_ops/*custom_ops_aot_lib.*"),
+                    *root.glob("kernels/quantized/*quantized_ops_aot_lib.*")):
+        torch.ops.load_library(str(library))
+    Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
+    before = rss_kib()["VmRSS"]
+    module = _load_for_executorch(pte, data_path=data)
+    length = int(module.run_method("get_max_seq_len", [])[0])
+    vocab = int(module.run_method("get_vocab_size", [])[0])
+    started = time.perf_counter()
+    tokens = torch.arange(1, length, dtype=torch.long).remainder(vocab).view(1, -1)
+    module.forward([tokens, torch.arange(0, length - 1, dtype=torch.long)])
+    for position in range(length - 1, length + extra):
+        module.forward([torch.tensor([[position % vocab]]), torch.tensor([position])])
+    seconds = time.perf_counter() - started
+    peak = rss_kib()["VmHWM"]
+    print(json.dumps({"peak_rss_bytes": max(0, peak - before) * 1024, "context_tokens": length + extra,
+                      "seconds": round(seconds, 2)}))
+
+
+if __name__ == "__main__":
+    main()
