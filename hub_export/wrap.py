@@ -42,8 +42,9 @@ def custom_sdpa_attention(
     layer's cache layout decides the kernel (see :func:`hub_export.kv_cache.attend`).
     Returns ``[B, S, H, D]``, the layout transformers expects from attention.
     """
-    layer = kv_cache.current_cache().layout.layers[module.layer_idx]
-    if sliding_window and layer.window != sliding_window and layer.slots > sliding_window:
+    layout = kv_cache.current_cache().layout
+    layer = layout.layers[module.layer_idx]
+    if sliding_window and not layout.unbounded and layer.window != sliding_window and layer.slots > sliding_window:
         raise RuntimeError(f"layer {module.layer_idx} slides over {sliding_window} positions but its cache "
                            f"was planned for {layer.window}")
     return kv_cache.attend(module, query, key, value, scaling, sliding_window, softcap), None
