@@ -405,7 +405,8 @@ def ls_command(
         facts = variant_facts(variant)
         decode = facts["decode_tps"]
         table.add_row(
-            variant.file, facts["size"], escape(facts["context"]), escape(facts["memory"]), escape(facts["quality"]),
+            variant.file, facts["size"], escape(facts["context"].removesuffix(" tokens")),
+            escape(facts["memory"].split(" (")[0]), escape(facts["quality"]),
             escape(facts["verification"].removesuffix(" vs eager")), "-" if decode == "n/a" else decode,
         )
     out.print(table)

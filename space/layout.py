@@ -123,7 +123,7 @@ def export_tab(allow_local_sources: bool) -> dict[str, Any]:
             info="Prompt + generated tokens; 0: the model's limit, at most 2048.",
         )
         ui["kv_cache"] = gr.Radio(
-            [("fp32", "fp32"), ("int8: about a quarter of the memory", "int8")],
+            [("float", "fp32"), ("int8: about a quarter of the memory", "int8")],
             value="fp32",
             label="KV cache",
             info="Keys and values kept per token; int8 costs some accuracy (shown in the table).",

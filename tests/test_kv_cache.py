@@ -274,7 +274,7 @@ def test_int8_cache_file_decodes_past_the_window_close_to_eager(int8_export):
     ("kv_cache", {"bytes_at_full_context": -1}, "bytes_at_full_context is -1, not a count"),
     ("kv_cache", {"evil": 1}, "kv_cache has unknown key 'evil'"),
     ("runtime_memory", {"peak_rss_bytes": "a lot"}, "peak_rss_bytes is 'a lot', not a count"),
-    ("runtime_memory", [1], "runtime_memory is an array, not an object"),
+    ("runtime_memory", [1], "runtime_memory is a list, not an object"),
 ])  # fmt: skip
 def test_a_hostile_memory_record_is_a_one_line_error(sink_export, field, value, message):
     from hub_export.errors import InputError

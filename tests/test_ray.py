@@ -181,7 +181,11 @@ def test_ctrl_c_cancels_the_running_tasks_and_pushes_nothing(
     assert _task_processes(), "no task started"
     time.sleep(1)
     run.send_signal(signal.SIGINT)
-    _, err = run.communicate(timeout=60)
+    try:
+        _, err = run.communicate(timeout=60)
+    except subprocess.TimeoutExpired:
+        run.kill()
+        pytest.fail("still running 60 s after Ctrl-C; its log ends: " + run.communicate()[1][-3000:])
     assert run.returncode == 130, err[-3000:]
     assert "Interrupted." in err and "│ cancelled │" in err, err
     deadline = time.monotonic() + 15
