@@ -7,6 +7,7 @@ built either way is byte-identical.
 
 from __future__ import annotations
 
+import contextlib
 import copy
 import time
 from dataclasses import dataclass, field
@@ -115,12 +116,19 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     """Quantize, export, lower and verify one variant of ``run`` into its staging folder.
 
     ``last``: no later variant of this process needs the fp32 weights, so they are
-    released as soon as this one no longer shares them.
+    released as soon as this one no longer shares them. A verified variant's memory is
+    measured by a probe process started now, so its imports overlap the lowering.
     """
+    from .runtime import MemoryProbe
+
+    with MemoryProbe() if run.reference is not None else contextlib.nullcontext() as probe:
+        return _build_variant(run, qmode, last, probe)
+
+
+def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
     from .lower import is_dynamic, runner_metadata, to_pte
     from .verify import expected_logits, verify
     from .kv_cache import plan_layers
-    from .runtime import measure_memory
     from .wrap import ExportableDecoder, export_program
 
     opts = run.options
@@ -175,7 +183,7 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
         if not verification.passed:
             raise VerificationError(f"{name} failed verification: {verification.failure}")
         run.say(f"[{name}] measuring memory at full context ({run.max_seq_len} positions)", "note", name)
-        runtime_memory = measure_memory(path, extra_tokens=8 if layout.unbounded else 0)
+        runtime_memory = probe.measure(path, extra_tokens=8 if layout.unbounded else 0)
     grouped = mode.grouped
     return Variant(
         file=name,

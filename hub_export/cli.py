@@ -396,10 +396,10 @@ def ls_command(
     manifest = list_variants(repo_id, endpoint=endpoint, token=token, revision=revision)
     table = Table(title=escape(f"{repo_id}  (from {manifest.source.get('id')})"))
     table.add_column("file", no_wrap=True)
-    for column in ("size", "context", "memory"):
+    for column in ("size", "ctx", "memory"):  # memory: at full context
         table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("perplexity", no_wrap=True)
-    table.add_column("verified vs eager")
+    table.add_column("perplexity", min_width=8)
+    table.add_column("verified vs eager", min_width=11)
     table.add_column("tok/s", justify="right", no_wrap=True)
     for variant in manifest.variants:
         facts = variant_facts(variant)
@@ -414,6 +414,8 @@ def ls_command(
     if qualities:
         out.print(f"[dim]perplexity: on {qualities[0].tokens} tokens of English text, through the .pte; "
                   "in brackets, its ratio to the fp32 model's[/dim]")
+    out.print("[dim]ctx: tokens the cache holds; memory: resident memory of a process running the file to full "
+              "context, measured at export (~: an estimate)[/dim]")
     if manifest.machine:
         out.print(f"[dim]tok/s: decode speed of the ExecuTorch runner at export, on {escape(manifest.machine)}[/dim]")
 

@@ -1,6 +1,7 @@
 """Run a ``.pte`` to full context in a fresh process and print its peak memory (JSON).
 
     python hub_export/memory_probe.py MODEL.pte EXTRA_TOKENS [DATA.ptd]
+    python hub_export/memory_probe.py -      # imports first, then reads "MODEL.pte EXTRA [DATA.ptd]" from stdin
 
 Run as a script, not imported: the process must not have loaded anything but torch and
 the ExecuTorch runtime, so that its resident memory is what an app running the file
@@ -27,8 +28,7 @@ def rss_kib() -> dict:
 
 
 def main() -> None:
-    pte, extra = sys.argv[1], int(sys.argv[2])
-    data = sys.argv[3] if len(sys.argv) > 3 else None
+    # Imports first: started early ("-"), the probe is ready by the time the file is.
     import torch
     from executorch.extension.pybindings._C import _load_for_executorch
 
@@ -36,6 +36,11 @@ def main() -> None:
     for library in (*root.glob("extension/llm/custom_ops/*custom_ops_aot_lib.*"),
                     *root.glob("kernels/quantized/*quantized_ops_aot_lib.*")):
         torch.ops.load_library(str(library))
+    request = sys.stdin.readline().split("\t") if sys.argv[1] == "-" else sys.argv[1:]
+    if not request or not request[0].strip():
+        return  # the exporter no longer needs a measurement
+    pte, extra = request[0].strip(), int(request[1])
+    data = request[2].strip() if len(request) > 2 and request[2].strip() else None
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
     before = rss_kib()["VmRSS"]
     module = _load_for_executorch(pte, data_path=data)

@@ -288,6 +288,58 @@ def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens
 # -- memory ------------------------------------------------------------------------------
 
 MEMORY_PROBE_TIMEOUT_S = 900.0
+MEMORY_PROBE = Path(__file__).with_name("memory_probe.py")
+
+
+class MemoryProbe:
+    """A fresh process that measures a ``.pte``'s memory at full context (``hub_export/memory_probe.py``).
+
+    Started before the file exists, it imports torch and the ExecuTorch runtime (about
+    3 s) on a core that lowering leaves idle, then waits for :meth:`measure`. It
+    measures once. Use it as a context manager, so that an export that fails stops it.
+
+    Example:
+        >>> with MemoryProbe() as probe:
+        ...     ...  # build model.pte
+        ...     probe.measure("model.pte")["peak_rss_bytes"] > 0
+        True
+    """
+
+    def __init__(self) -> None:
+        import subprocess
+
+        self.process = None
+        if Path("/proc/self/clear_refs").exists():
+            self.process = subprocess.Popen([sys.executable, str(MEMORY_PROBE), "-"], stdin=subprocess.PIPE,
+                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+
+    def measure(self, pte: str | Path, extra_tokens: int = 0) -> dict | None:
+        """The peak RSS growth while running ``pte`` to full context (plus ``extra_tokens``), or None."""
+        import subprocess
+
+        if self.process is None:
+            return None
+        data = data_file_of(Path(pte))
+        request = "\t".join([str(pte), str(int(extra_tokens)), str(data or "")]) + "\n"
+        try:
+            out, _ = self.process.communicate(request, timeout=MEMORY_PROBE_TIMEOUT_S)
+            return json.loads(out.strip().splitlines()[-1]) if self.process.returncode == 0 else None
+        except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
+            return None
+        finally:
+            self.close()
+
+    def close(self) -> None:
+        if self.process is not None and self.process.poll() is None:
+            self.process.kill()
+            self.process.wait()
+        self.process = None
+
+    def __enter__(self) -> "MemoryProbe":
+        return self
+
+    def __exit__(self, *exc) -> None:
+        self.close()
 
 
 def measure_memory(pte: str | Path, extra_tokens: int = 0) -> dict | None:
@@ -300,17 +352,5 @@ def measure_memory(pte: str | Path, extra_tokens: int = 0) -> dict | None:
     activations and the whole KV cache. None where it cannot be measured (not Linux, the
     probe failed); the export goes on without the figure.
     """
-    import subprocess
-
-    if not Path("/proc/self/clear_refs").exists():
-        return None
-    probe = Path(__file__).with_name("memory_probe.py")
-    command = [sys.executable, str(probe), str(pte), str(int(extra_tokens))]
-    data = data_file_of(Path(pte))
-    if data is not None:
-        command.append(str(data))
-    try:
-        done = subprocess.run(command, capture_output=True, text=True, timeout=MEMORY_PROBE_TIMEOUT_S)
-        return json.loads(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 else None
-    except (subprocess.TimeoutExpired, ValueError, IndexError, OSError):
-        return None
+    with MemoryProbe() as probe:
+        return probe.measure(pte, extra_tokens)

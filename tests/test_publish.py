@@ -438,6 +438,7 @@ def test_ls_generate_and_the_card_snippet_from_a_repo(
 
     code, listing = _cli("ls", repo_id, "--endpoint", local_hub.endpoint)
     assert code == 0 and "model-8da4w.pte" in listing and "KL " in listing and "perplexity" in listing
+    assert " MB " in listing and "memory" in listing  # the memory at full context, measured at export
 
     result = _generate_from_repo(local_hub, repo_id, "8da4w")
     assert result.stdout.strip()  # the generated text
