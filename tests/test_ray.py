@@ -180,12 +180,15 @@ def test_ctrl_c_cancels_the_running_tasks_and_pushes_nothing(
         time.sleep(0.2)
     assert _task_processes(), "no task started"
     time.sleep(1)
+    # How the driver treats SIGINT (blocked, ignored, caught), for the failure message.
+    masks = [line for line in Path(f"/proc/{run.pid}/status").read_text().splitlines() if line.startswith("Sig")]
     run.send_signal(signal.SIGINT)
     try:
         _, err = run.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         run.kill()
-        pytest.fail("still running 60 s after Ctrl-C; its log ends: " + run.communicate()[1][-3000:])
+        pytest.fail(f"still running 60 s after Ctrl-C ({'; '.join(masks)}); its log ends: "
+                    + run.communicate()[1][-3000:])
     assert run.returncode == 130, err[-3000:]
     assert "Interrupted." in err and "│ cancelled │" in err, err
     deadline = time.monotonic() + 15
