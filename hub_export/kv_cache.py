@@ -32,7 +32,6 @@ from dataclasses import dataclass
 import torch
 from torch import nn
 
-from .options import KV_DTYPES, SLIDING_CACHES  # noqa: F401  (the choices of --kv-cache, --sliding-cache)
 
 INT8_ROW_EXTRA_BYTES = 5  # a float32 scale and an int8 zero point per token and head
 

@@ -7,6 +7,7 @@ import json
 import os
 import re
 import signal
+import subprocess
 import sys
 import tempfile
 import time
@@ -306,8 +307,6 @@ class MemoryProbe:
     """
 
     def __init__(self) -> None:
-        import subprocess
-
         self.process = None
         if Path("/proc/self/clear_refs").exists():
             self.process = subprocess.Popen([sys.executable, str(MEMORY_PROBE), "-"], stdin=subprocess.PIPE,
@@ -315,8 +314,6 @@ class MemoryProbe:
 
     def measure(self, pte: str | Path, extra_tokens: int = 0) -> dict | None:
         """The peak RSS growth while running ``pte`` to full context (plus ``extra_tokens``), or None."""
-        import subprocess
-
         if self.process is None:
             return None
         data = data_file_of(Path(pte))

@@ -20,7 +20,7 @@ import torch
 from torch import nn
 
 from . import kv_cache
-from .kv_cache import CacheLayout, ForwardContext, KVCache, masked_attention, plan_layers  # noqa: F401
+from .kv_cache import CacheLayout, ForwardContext, KVCache, plan_layers
 from .patches import delegable_norms, delegable_rotary, forget_compiled_globals
 
 ATTENTION_NAME = "hub_export_custom_sdpa"
