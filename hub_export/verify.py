@@ -280,7 +280,8 @@ def _runtime_text(pte: PteModel, windows: list[torch.Tensor], fp32: TokenStats |
             lp = torch.log_softmax(row.float(), -1)
             finite = finite and bool(torch.isfinite(lp).all())
             argmax.append(lp.argmax())
-            target_lp.append(lp[window[0, offset + 1]])
+            # A 0-d tensor index gives a view that would pin the whole row (2,048 rows: 400 MB).
+            target_lp.append(lp[window[0, offset + 1]].clone())
             if fp32 is not None:
                 fp32_top.append(lp[fp32.top_ids[index]])
             if eager is not None and index < eager.top_ids.shape[0]:
