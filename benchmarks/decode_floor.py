@@ -1,0 +1,196 @@
+"""The floor under a decode step: XNNPACK running only the weight matmuls of one token.
+
+    python -m benchmarks.decode_floor                 # 8da4w, after python -m benchmarks.peer
+    python -m benchmarks.decode_floor --qmode 8da8w
+
+A program that holds nothing but SmolLM2-135M's linear layers, in order (30 layers of
+q, k, v, o, gate, up, down, then the vocabulary projection on the last position),
+quantized as the peer benchmark's files are (``--qmode``, group 32), chained by residual
+adds, the MLP's product and one copy and product per layer for the keys and values, lowered whole to one XNNPACK partition. Every
+``.pte`` that holds these weights and runs these kernels spends at least this long per
+token; whatever else a file does (attention, cache writes, norms, rotary, delegate
+hops) comes on top. The two files of the last ``benchmarks.peer`` run for ``--qmode``
+are timed the same way in the same run: ExecuTorch's pybinding ``run_method`` in a fresh
+process per round, rounds alternated, a 60-token prefill timed after one untimed, then
+the median of 63 decode steps.
+
+Writes ``benchmarks/results/decode-floor-QMODE.{json,md}``. A benchmark, not a test.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import subprocess
+import sys
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+WORK = ROOT / "benchmarks" / "work" / "decode-floor"
+RESULTS = ROOT / "benchmarks" / "results"
+PROMPT_TOKENS = 60
+DECODE_STEPS = 63
+
+
+def build_floor(qmode: str, path: Path) -> Path:
+    """Lower the linears-only program of SmolLM2-135M's shape to ``path`` (cached)."""
+    if path.is_file():
+        return path
+    import torch
+    from torch import nn
+
+    from benchmarks.models import smollm2_135m_config
+    from hub_export import lower, quantize
+
+    config = smollm2_135m_config()
+    hidden, inner, kv = config.hidden_size, config.intermediate_size, 192
+
+    class Layer(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.q, self.k, self.v = nn.Linear(hidden, hidden, False), nn.Linear(hidden, kv, False), nn.Linear(hidden, kv, False)
+            self.o = nn.Linear(hidden, hidden, False)
+            self.gate, self.up, self.down = (nn.Linear(hidden, inner, False), nn.Linear(hidden, inner, False),
+                                             nn.Linear(inner, hidden, False))
+
+        def forward(self, x):
+            # keys and values scale the queries (a copy and a product: what attention adds is left out)
+            keys = self.k(x)
+            x = x + self.o(self.q(x) * torch.cat([keys, self.v(x), keys], dim=-1))
+            return x + self.down(self.gate(x) * self.up(x))
+
+    class Linears(nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.layers = nn.ModuleList(Layer() for _ in range(config.num_hidden_layers))
+            self.head = nn.Linear(hidden, config.vocab_size, False)
+
+        def forward(self, x):
+            for layer in self.layers:
+                x = layer(x)
+            return self.head(x[:, -1:, :])
+
+    torch.manual_seed(0)
+    model = Linears().eval()
+    quantize.quantize_linears(model, qmode, 32)
+    seq = torch.export.Dim("seq", min=1, max=255)
+    with torch.no_grad():
+        program = torch.export.export(model, (torch.randn(1, 2, hidden),), dynamic_shapes=({1: seq},), strict=True)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    lower.to_pte(program, {}, path)
+    return path
+
+
+_ROUND = """
+import json, statistics, sys, time
+import torch
+from executorch.extension.pybindings.portable_lib import _load_for_executorch
+import hub_export.runtime as runtime
+runtime._load_kernels()
+module = _load_for_executorch(sys.argv[1])
+prompt, steps = int(sys.argv[2]), int(sys.argv[3])
+floor = sys.argv[4] == "floor"
+def inputs(count, position):
+    if floor:
+        return [torch.randn(1, count, 576)]
+    tokens = torch.tensor([[(17 * i + 5) % 400 + 10 for i in range(count)]], dtype=torch.long)
+    return [tokens, torch.arange(position, position + count, dtype=torch.long)]
+module.run_method("forward", inputs(prompt, 0))
+start = time.perf_counter()
+module.run_method("forward", inputs(prompt, 0))
+prefill = time.perf_counter() - start
+times = []
+for step in range(steps):
+    start = time.perf_counter()
+    module.run_method("forward", inputs(1, prompt + step))
+    times.append(time.perf_counter() - start)
+print(json.dumps({"prefill_ms": prefill * 1e3, "decode_ms": statistics.median(times) * 1e3}))
+"""
+
+
+def one_round(pte: Path, kind: str) -> dict:
+    done = subprocess.run([sys.executable, "-c", _ROUND, str(pte), str(PROMPT_TOKENS), str(DECODE_STEPS), kind],
+                          capture_output=True, text=True, check=True, cwd=ROOT)
+    return json.loads(done.stdout.strip().splitlines()[-1])
+
+
+def _summary(values: list[float]) -> dict:
+    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
+
+
+def measure(files: dict[str, tuple[Path, str]], rounds: int) -> dict:
+    runs: dict[str, list[dict]] = {name: [] for name in files}
+    for _ in range(rounds):
+        for name, (pte, kind) in files.items():
+            runs[name].append(one_round(pte, kind))
+    return {name: {"prefill_ms": _summary([r["prefill_ms"] for r in got]),
+                   "decode_ms": _summary([r["decode_ms"] for r in got])} for name, got in runs.items()}
+
+
+def markdown(result: dict) -> str:
+    timing = result["timing"]
+    peer, ours, floor = timing["optimum-executorch"], timing["hub-export"], timing["weight matmuls only"]
+
+    def cell(figure: dict) -> str:
+        return f"{figure['median']:.1f} ({figure['min']:.1f}-{figure['max']:.1f})"
+
+    lines = [
+        f"Per-call time in ms, median (range) of {result['rounds']} fresh processes, alternated; "
+        f"{result['qmode']}, SmolLM2-135M shapes; prefill {PROMPT_TOKENS} tokens, decode the median of "
+        f"{DECODE_STEPS} steps; {result['machine']}; `{result['command']}`:",
+        "",
+        "| | prefill | decode step |",
+        "|---|---|---|",
+        f"| optimum-executorch's file | {cell(peer['prefill_ms'])} | {cell(peer['decode_ms'])} |",
+        f"| hub-export's file | {cell(ours['prefill_ms'])} | {cell(ours['decode_ms'])} |",
+        f"| the weight matmuls alone (floor) | {cell(floor['prefill_ms'])} | {cell(floor['decode_ms'])} |",
+        f"| target: peer / {result['targets']['prefill']} (prefill), / {result['targets']['decode']} (decode) | "
+        f"{peer['prefill_ms']['median'] / result['targets']['prefill']:.1f} | "
+        f"{peer['decode_ms']['median'] / result['targets']['decode']:.1f} |",
+        "",
+        f"Decode: the matmuls alone take {floor['decode_ms']['median'] / peer['decode_ms']['median']:.0%} of the "
+        f"peer's step; the target leaves "
+        f"{peer['decode_ms']['median'] / result['targets']['decode'] - floor['decode_ms']['median']:.2f} ms per token "
+        f"for everything else, {ours['decode_ms']['median'] - floor['decode_ms']['median']:.2f} ms in our file today "
+        f"and {peer['decode_ms']['median'] - floor['decode_ms']['median']:.2f} ms in the peer's.",
+        f"Prefill: the matmuls alone take {floor['prefill_ms']['median'] / peer['prefill_ms']['median']:.0%} of the "
+        f"peer's; the target leaves "
+        f"{peer['prefill_ms']['median'] / result['targets']['prefill'] - floor['prefill_ms']['median']:.1f} ms for "
+        f"everything else, {ours['prefill_ms']['median'] - floor['prefill_ms']['median']:.1f} ms in our file today "
+        f"and {peer['prefill_ms']['median'] - floor['prefill_ms']['median']:.1f} ms in the peer's.",
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--qmode", default="8da4w", choices=["8da4w", "8da8w"])
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+
+    from hub_export.manifest import machine_description
+
+    peer_run = RESULTS / f"peer-{args.qmode}.json"
+    if not peer_run.is_file():
+        raise SystemExit(f"no {peer_run.name}: run python -m benchmarks.peer --qmode {args.qmode} first")
+    exported = json.loads(peer_run.read_text())["export"]
+    floor = build_floor(args.qmode, WORK / f"linears-{args.qmode}.pte")
+    files = {name: (ROOT / record["pte"], "file") for name, record in exported.items()}
+    files["weight matmuls only"] = (floor, "floor")
+    result = {
+        "qmode": args.qmode,
+        "rounds": args.rounds,
+        "timing": measure(files, args.rounds),
+        "targets": {"decode": 1.25, "prefill": 1.5},
+        "machine": machine_description(),
+        "command": f"python -m benchmarks.decode_floor --qmode {args.qmode}",
+    }
+    RESULTS.mkdir(parents=True, exist_ok=True)
+    (RESULTS / f"decode-floor-{args.qmode}.json").write_text(json.dumps(result, indent=2) + "\n")
+    (RESULTS / f"decode-floor-{args.qmode}.md").write_text(markdown(result))
+    print(markdown(result))
+
+
+if __name__ == "__main__":
+    main()
