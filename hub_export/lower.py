@@ -7,7 +7,7 @@ from typing import Any, Callable
 
 import torch
 
-from .patches import compact_dependency_viewers, forgetting_tracing_caches, one_decomposition, skipping_idle_xnnpack_passes
+from .patches import compact_dependency_viewers, forgetting_tracing_caches, skipping_idle_xnnpack_passes
 
 
 def runner_metadata(
@@ -169,12 +169,11 @@ def to_pte(
     inferred_reshapes(program)
     drop_provenance(program)
     with forgetting_tracing_caches():
-        xnnpack = partitioner()
-        with compact_dependency_viewers(), skipping_idle_xnnpack_passes(on_partition), one_decomposition(xnnpack):
+        with compact_dependency_viewers(), skipping_idle_xnnpack_passes(on_partition):
             edge = to_edge_transform_and_lower(
                 program,
                 transform_passes=[_tag_weights_external(tag)] if tag else None,
-                partitioner=[xnnpack],
+                partitioner=[partitioner()],
                 compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
                 constant_methods=metadata,
             )

@@ -390,47 +390,6 @@ def skipping_idle_xnnpack_passes(on_partition: Callable[[], None] | None = None)
         manager.transform = original
 
 
-# Ops XNNPACK asks to keep whole which ExecuTorch also runs outside XNNPACK (``linear.out``)
-# or which quantization fusion folds, so keeping every instance is as good as keeping
-# only those XNNPACK will claim.
-_KEEPABLE_WHOLE = frozenset({
-    "aten.linear.default",
-    "torchao.choose_qparams_affine.default",
-    "torchao.quantize_affine.default",
-    "torchao.dequantize_affine.default",
-})
-
-
-@guarded("one-decomposition", "executorch", ("1.5.",),
-         upstream="executorch's _gen_edge_manager_for_partitioners (its EDGE_DO_NOT_DECOMP path)",
-         without="lowering decomposes the program three times instead of once or twice (slower)")
-def one_decomposition(partitioner):
-    """Meanwhile, ``partitioner`` asks ExecuTorch to keep its ops whole without a per-node check.
-
-    With a per-node check, ``to_edge_transform_and_lower`` decomposes the whole program
-    twice more (keep, check each kept node, decompose again): on a 30-layer decoder
-    each pass re-traces thousands of nodes under FakeTensor and took minutes. Without it
-    the ops are kept wherever they occur, which matters only for ops that cannot run
-    outside XNNPACK; when the program holds any kept op beyond
-    :data:`_KEEPABLE_WHOLE` the stock path runs. Same ``.pte`` bytes
-    (tests/test_lower.py).
-    """
-    stock = partitioner.ops_to_not_decompose
-
-    def ops_to_not_decompose(program):
-        ops, check = stock(program)
-        present = {str(node.target) for node in program.graph_module.graph.nodes if node.op == "call_function"}
-        if ({str(op) for op in ops} & present) - _KEEPABLE_WHOLE:
-            return ops, check
-        return ops, None
-
-    partitioner.ops_to_not_decompose = ops_to_not_decompose
-    try:
-        yield
-    finally:
-        del partitioner.ops_to_not_decompose
-
-
 @guarded("tracing-caches", "executorch", ("1.5.",), upstream="FakeTensorMode, is_same_node and torch.fx source caches",
          without="lowered programs stay referenced until the process exits (more memory in multi-variant runs)")
 def forgetting_tracing_caches():

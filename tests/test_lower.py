@@ -77,39 +77,6 @@ def test_skipping_idle_xnnpack_passes_leaves_the_pte_unchanged(tiny_model, tmp_p
     assert skipped == every_pass
 
 
-@pytest.mark.slow  # two full lowerings: make test-all
-def test_one_decomposition_leaves_the_pte_unchanged(tiny_model, tmp_path, monkeypatch):
-    """Keeping XNNPACK's ops whole without its per-node check decomposes once, to the same bytes."""
-    import contextlib
-
-    from hub_export import lower
-
-    once = _lowered_bytes(tiny_model, tmp_path, "once.pte")
-    monkeypatch.setattr(lower, "one_decomposition", lambda partitioner: contextlib.nullcontext())
-    stock = _lowered_bytes(tiny_model, tmp_path, "stock.pte")
-    assert once == stock
-
-
-def test_one_decomposition_keeps_the_check_when_an_op_needs_it():
-    """Only programs whose kept ops all run outside XNNPACK too skip the per-node check."""
-    import torch
-
-    from hub_export.lower import partitioner
-    from hub_export.patches import one_decomposition
-
-    def program_of(module, example):
-        return torch.export.export(module, example, strict=True)
-
-    linear = program_of(torch.nn.Linear(8, 8), (torch.randn(2, 8),))
-    hardswish = program_of(torch.nn.Sequential(torch.nn.Linear(8, 8), torch.nn.Hardswish()), (torch.randn(2, 8),))
-    xnnpack = partitioner()
-    assert xnnpack.ops_to_not_decompose(linear)[1] is not None  # the stock behaviour
-    with one_decomposition(xnnpack):
-        assert xnnpack.ops_to_not_decompose(linear)[1] is None
-        assert xnnpack.ops_to_not_decompose(hardswish)[1] is not None
-    assert xnnpack.ops_to_not_decompose(linear)[1] is not None
-
-
 def test_passes_run_when_their_ops_are_present(monkeypatch):
     """A ReLU after a linear is fused by FuseActivationPass, so that pass must still run; the cat pass must not."""
     from executorch.backends.xnnpack._passes.decompose_cat import DecomposeConcatenate
