@@ -16,6 +16,8 @@ BENCH_SECTIONS = (
     ("bench-recipes", "quant-recipes"),
     ("bench-cluster", "cluster-speedup"),
     ("bench-peer", "peer-8da4w"),
+    ("bench-peer-8da8w", "peer-8da8w"),
+    ("decode-floor", "decode-floor-8da4w"),
     ("bench-kv", "kv-cache"),
 )
 
