@@ -17,7 +17,6 @@ Results go to ``benchmarks/results/<name>.json`` and ``.md``.
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import statistics
 import subprocess
@@ -26,6 +25,8 @@ import threading
 import time
 import warnings
 from pathlib import Path
+
+from benchmarks.report import write_results
 
 ROOT = Path(__file__).resolve().parent
 PROMPT_TOKENS = 64
@@ -300,11 +301,7 @@ def main() -> None:
         "variants": rows,
         "versions": manifest.versions,
     }
-    results = ROOT / "results"
-    results.mkdir(exist_ok=True)
-    (results / f"{args.name}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (results / f"{args.name}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_results(args.name, result, markdown(result))
 
 
 def markdown(result: dict) -> str:

@@ -14,7 +14,6 @@ the driver, the Hub and the nodes share the machine. Writes
 from __future__ import annotations
 
 import argparse
-import json
 import os
 import secrets
 import shutil
@@ -26,8 +25,8 @@ import tempfile
 import time
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks.report import write_results
+
 BIN = Path(sys.executable).parent
 
 
@@ -144,15 +143,12 @@ def main() -> None:
         "machine": machine_description(),
         "command": "python -m benchmarks.cluster_speedup",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "cluster-speedup.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "cluster-speedup.md").write_text(
+    write_results("cluster-speedup", result,
         f"`hub-export batch` of {result['plan']}, 256-token context, verified, pushed to a local Hub; "
         f"Ray nodes of 1 CPU each on one machine ({result['machine']}); `{result['command']}`:\n\n"
         "| cluster | batch wall time | speed-up |\n|---|---|---|\n"
-        f"| 1 node | {one:.0f} s | 1.00x |\n| 2 nodes | {two:.0f} s | {one / two:.2f}x |\n"
+        f"| 1 node | {one:.0f} s | 1.00x |\n| 2 nodes | {two:.0f} s | {one / two:.2f}x |\n",
     )
-    print(json.dumps(result, indent=2))
 
 
 if __name__ == "__main__":

@@ -21,14 +21,14 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
 
+from benchmarks.report import RESULTS, spread, write_results
+
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / "work" / "decode-floor"
-RESULTS = ROOT / "benchmarks" / "results"
 PROMPT_TOKENS = 60
 DECODE_STEPS = 63
 
@@ -115,17 +115,13 @@ def one_round(pte: Path, kind: str) -> dict:
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def _summary(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 2), "min": round(min(values), 2), "max": round(max(values), 2)}
-
-
 def measure(files: dict[str, tuple[Path, str]], rounds: int) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name in files}
     for _ in range(rounds):
         for name, (pte, kind) in files.items():
             runs[name].append(one_round(pte, kind))
-    return {name: {"prefill_ms": _summary([r["prefill_ms"] for r in got]),
-                   "decode_ms": _summary([r["decode_ms"] for r in got])} for name, got in runs.items()}
+    return {name: {"prefill_ms": spread([r["prefill_ms"] for r in got], digits=2),
+                   "decode_ms": spread([r["decode_ms"] for r in got], digits=2)} for name, got in runs.items()}
 
 
 def markdown(result: dict) -> str:
@@ -186,10 +182,7 @@ def main() -> None:
         "machine": machine_description(),
         "command": f"python -m benchmarks.decode_floor --qmode {args.qmode}",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"decode-floor-{args.qmode}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / f"decode-floor-{args.qmode}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_results(f"decode-floor-{args.qmode}", result, markdown(result))
 
 
 if __name__ == "__main__":

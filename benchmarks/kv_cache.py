@@ -21,12 +21,12 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import time
 from pathlib import Path
 
+from benchmarks.report import spread, write_results
+
 ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
 WORK = ROOT / "benchmarks" / "work" / "kv-cache"
 MAX_SEQ_LEN = 2048
 CONTEXTS = (256, 2048)
@@ -136,7 +136,7 @@ def run() -> dict:
                "kv_bytes": layout["bytes_at_full_context"], "peak_rss_bytes": memory and memory["peak_rss_bytes"]}
         for context in CONTEXTS:
             speeds = decode_speed(pte, context)
-            row[f"decode_{context}"] = {"median": statistics.median(speeds), "min": min(speeds), "max": max(speeds)}
+            row[f"decode_{context}"] = spread(speeds)
         print(f"  {model} {cache}: {row}", flush=True)
         rows.append(row)
     ring_fp32 = _export(models["gemma3"], WORK / "gemma3-ring-fp32", qmodes=["fp32"])
@@ -189,10 +189,7 @@ def main() -> None:
     parser.parse_args()
     WORK.mkdir(parents=True, exist_ok=True)
     result = run()
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / "kv-cache.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / "kv-cache.md").write_text(markdown(result))
-    print(markdown(result))
+    write_results("kv-cache", result, markdown(result))
 
 
 if __name__ == "__main__":

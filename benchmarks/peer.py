@@ -25,17 +25,16 @@ from __future__ import annotations
 import argparse
 import json
 import os
-import statistics
 import subprocess
 import sys
 import time
 from pathlib import Path
 
 from benchmarks.bench_export import TreeMemory
+from benchmarks.report import RESULTS, spread, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / "work" / "peer"
-RESULTS = ROOT / "benchmarks" / "results"
 PEER_VENV = ROOT / "benchmarks" / "work" / "peer-venv"
 PEER_PINS = ["optimum-executorch==1.1.0", "executorch==1.5.1", "torchao==0.18.0", "torch==2.13.0"]
 MAX_SEQ_LEN = 256
@@ -133,10 +132,6 @@ def one_round(pte: Path, tokenizer: Path, prompt: str) -> dict:
             "decode": (stats["generated_tokens"] - 1) * 1000 / decode_ms}
 
 
-def _summary(values: list[float]) -> dict:
-    return {"median": round(statistics.median(values), 1), "min": round(min(values), 1), "max": round(max(values), 1)}
-
-
 def measure_speed(files: dict[str, Path], tokenizer: Path, rounds: int) -> dict:
     from benchmarks.bench_export import _prompt_of_exactly
 
@@ -149,8 +144,8 @@ def measure_speed(files: dict[str, Path], tokenizer: Path, rounds: int) -> dict:
             runs[name].append(one_round(pte, tokenizer, prompt))
     return {
         name: {"prompt_tokens": got[0]["prompt_tokens"], "generated_tokens": got[0]["generated_tokens"],
-               "prefill_tokens_per_s": _summary([r["prefill"] for r in got]),
-               "decode_tokens_per_s": _summary([r["decode"] for r in got])}
+               "prefill_tokens_per_s": spread([r["prefill"] for r in got]),
+               "decode_tokens_per_s": spread([r["decode"] for r in got])}
         for name, got in runs.items()
     }
 
@@ -223,10 +218,7 @@ def main() -> None:
         "machine": machine_description(),
         "command": f"python -m benchmarks.peer --qmode {args.qmode}",
     }
-    RESULTS.mkdir(parents=True, exist_ok=True)
-    (RESULTS / f"peer-{args.qmode}.json").write_text(json.dumps(result, indent=2) + "\n")
-    (RESULTS / f"peer-{args.qmode}.md").write_text(markdown(result))
-    print(markdown(result))
+    write_results(f"peer-{args.qmode}", result, markdown(result))
 
 
 if __name__ == "__main__":

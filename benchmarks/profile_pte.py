@@ -13,14 +13,13 @@ optimized kernels). Prints a table per file and writes
 from __future__ import annotations
 
 import argparse
-import json
 import statistics
 import tempfile
 from collections import defaultdict
 from pathlib import Path
 
-ROOT = Path(__file__).resolve().parent.parent
-RESULTS = ROOT / "benchmarks" / "results"
+from benchmarks.report import write_results
+
 
 
 def _inputs(meta, tokens: list[int], position: int):
@@ -103,8 +102,7 @@ def main() -> None:
     args = parser.parse_args()
     for pte in args.files:
         result = profile(pte, args.prompt_tokens, args.steps)
-        RESULTS.mkdir(parents=True, exist_ok=True)
-        (RESULTS / f"profile-{pte.parent.name}-{pte.stem}.json").write_text(json.dumps(result, indent=2) + "\n")
+        write_results(f"profile-{pte.parent.name}-{pte.stem}", result)
         print(f"\n{pte}: inputs {result['inputs']}")
         for phase in ("prefill_ms", "decode_ms_median"):
             total = sum(result[phase].values())

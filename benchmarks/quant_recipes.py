@@ -21,11 +21,11 @@ Results: ``benchmarks/results/quant-recipes.{json,md}`` and ``quant-recipes.png`
 from __future__ import annotations
 
 import argparse
-import json
 import shutil
-import statistics
 import time
 from pathlib import Path
+
+from benchmarks.report import RESULTS, spread, write_results
 
 ROOT = Path(__file__).resolve().parent
 
@@ -45,10 +45,7 @@ def _speeds(files: dict[str, Path], tokenizer_json: Path, prompt: str, rounds: i
             decode[name].append((stats["generated_tokens"] - 1) * 1000 / max(stats["inference_end_ms"] - stats["first_token_ms"], 1))
             prefill[name].append(stats["prompt_tokens"] * 1000 / max(stats["prompt_eval_end_ms"] - stats["inference_start_ms"], 1))
 
-    def summary(values: list[float]) -> dict:
-        return {"median": round(statistics.median(values), 1), "min": round(min(values), 1), "max": round(max(values), 1)}
-
-    return {name: {"decode_tokens_per_s": summary(decode[name]), "prefill_tokens_per_s": summary(prefill[name])}
+    return {name: {"decode_tokens_per_s": spread(decode[name]), "prefill_tokens_per_s": spread(prefill[name])}
             for name in files}
 
 
@@ -117,14 +114,11 @@ def main() -> None:
     for entry in result["variants"].values():
         entry["decode_vs_plain_8da4w_hqq"] = round(entry["decode_tokens_per_s"]["median"] / plain_decode, 3)
 
-    out = ROOT / "results"
-    (out / "quant-recipes.json").write_text(json.dumps(result, indent=2) + "\n")
-    (out / "quant-recipes.md").write_text(markdown(result))
+    write_results("quant-recipes", result, markdown(result))
     combined = Manifest(source={"id": "SmolLM2-135M-Instruct"}, versions={}, variants=list(rows.values()))
     for label, variant in zip(rows, combined.variants):
         variant.file = f"model-{label.replace(' (', '-').replace(' scales)', '')}.pte"
-    (out / "quant-recipes.png").write_bytes(frontier_png(combined))
-    print(markdown(result))
+    (RESULTS / "quant-recipes.png").write_bytes(frontier_png(combined))
 
 
 def markdown(result: dict) -> str:

@@ -17,13 +17,13 @@ from __future__ import annotations
 
 import argparse
 import importlib.util
-import json
 import os
 import re
-import statistics
 import sys
 import tempfile
 from pathlib import Path
+
+from benchmarks.report import spread, write_results
 
 ROOT = Path(__file__).resolve().parent
 PROMPT = "Once upon a time, in a small village by the sea, there lived an old fisherman who"
@@ -85,18 +85,14 @@ def main() -> None:
         blocks.close()
         hub.stop()
 
-    summary = {name: {"median": round(statistics.median(v), 1), "min": round(min(v), 1), "max": round(max(v), 1)}
-               for name, v in decode.items()}
+    summary = {name: spread(v) for name, v in decode.items()}
     result = {"file": pte.name, "rounds": args.rounds, "new_tokens": args.tokens, "decode_tokens_per_s": summary,
               "space_vs_library": round(summary["space"]["median"] / summary["library"]["median"], 3)}
-    out = ROOT / "results"
-    (out / "space-preview-speed.json").write_text(json.dumps(result, indent=2) + "\n")
     text = (f"Space preview vs `generate` on `{pte.name}` ({args.tokens} new tokens, greedy, {args.rounds} rounds each, "
             f"alternated): decode {summary['space']['median']:.0f} tok/s ({summary['space']['min']:.0f}-"
             f"{summary['space']['max']:.0f}) against {summary['library']['median']:.0f} ({summary['library']['min']:.0f}-"
             f"{summary['library']['max']:.0f}): {result['space_vs_library']:.2f}x.\n")
-    (out / "space-preview-speed.md").write_text(text)
-    print(text)
+    write_results("space-preview-speed", result, text)
 
 
 if __name__ == "__main__":
