@@ -15,7 +15,15 @@ swaps the formulation in for the export only:
   layer's projections and its attention, so the forward lowers to 3 partitions;
 - ``bshd``: the stock kernels, but the attention block keeps ``[B, S, H, D]`` from the
   projections through rotary embedding, the cache write and ``custom_sdpa`` (the layout
-  those two operators take), so none of the transposes around them remain.
+  those two operators take), so none of the transposes around them remain;
+- ``stock-norm`` / ``stock-rotary``: hub_export without its XNNPACK-friendly RMSNorm
+  (transformers' own, whose ``mean`` stays outside XNNPACK) / without its rotate-half
+  product (the slice-and-concat, outside XNNPACK), as optimum-executorch exports them;
+- ``split``: stock, but each layer's input passes through a ``select`` XNNPACK does not
+  take, so a layer's partition ends after its MLP and a short one (norm, q/k/v, rotary)
+  runs right before ``update_cache`` and ``custom_sdpa``, as in optimum-executorch's file;
+- ``peer``: the same weights (saved once) exported by optimum-executorch
+  (``benchmarks.peer``'s venv and flags): the bar, on the same small model.
 
 Each file's logits are checked against the eager wrapper it was exported from (a 20-token
 prefill, then one decode step), then the files are timed alternately, a fresh process per
@@ -35,7 +43,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / "work" / "attention"
 MAX_SEQ_LEN = 256
-VARIANTS = ("stock", "one-delegate", "bshd")
+VARIANTS = ("stock", "one-delegate", "bshd", "stock-norm", "stock-rotary", "split", "peer")
 
 
 def _one_delegate() -> None:
@@ -102,12 +110,70 @@ def _bshd() -> None:
     modeling_llama.LlamaAttention.forward = forward
 
 
+def _split() -> None:
+    from transformers.models.llama import modeling_llama
+
+    original = modeling_llama.LlamaDecoderLayer.forward
+
+    def forward(self, hidden_states, *args, **kwargs):
+        return original(self, hidden_states.unsqueeze(0)[0], *args, **kwargs)  # select_copy: outside XNNPACK
+
+    modeling_llama.LlamaDecoderLayer.forward = forward
+
+
+def _without(patch_name: str) -> None:
+    import contextlib
+
+    from hub_export import wrap
+
+    @contextlib.contextmanager
+    def not_applied(*args, **kwargs):
+        yield 0
+
+    setattr(wrap, patch_name, not_applied)
+
+
+def _model(layers: int):
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    from benchmarks.models import smollm2_135m_config
+
+    config = smollm2_135m_config()
+    config.num_hidden_layers = layers
+    torch.manual_seed(0)
+    return AutoModelForCausalLM.from_config(config).eval()
+
+
+def export_peer(layers: int) -> dict:
+    """The same weights through optimum-executorch's CLI (its own venv, ``benchmarks.peer``'s flags)."""
+    import time
+
+    from benchmarks.peer import MAX_SEQ_LEN as PEER_SEQ_LEN
+    from benchmarks.peer import peer_venv
+
+    assert PEER_SEQ_LEN == MAX_SEQ_LEN
+    source = WORK / f"source-{layers}l"
+    if not (source / "config.json").is_file():
+        _model(layers).save_pretrained(source)
+    out = WORK / f"peer-{layers}l"
+    if (out / "model.pte").is_file():  # the same weights and flags every time: export once
+        return {"variant": "peer", "pte": str(out / "model.pte"), "export_seconds": float("nan"),
+                "max_abs_diff_vs_eager": float("nan")}
+    started = time.perf_counter()
+    subprocess.run([str(peer_venv()), "export", "executorch", "--model", str(source), "--task", "text-generation",
+                    "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache", "--qlinear", "8da4w",
+                    "--qembedding", "8w", "--max_seq_len", str(MAX_SEQ_LEN), "--output_dir", str(out)],
+                   check=True, capture_output=True)
+    return {"variant": "peer", "pte": str(out / "model.pte"), "export_seconds": round(time.perf_counter() - started, 1),
+            "max_abs_diff_vs_eager": float("nan")}
+
+
 def export_variant(variant: str, layers: int) -> dict:
     """In this process: swap ``variant`` in, export, lower, check against eager. Returns the record."""
     import time
 
     import torch
-    from transformers import AutoModelForCausalLM
 
     from benchmarks.models import smollm2_135m_config
     from hub_export import quantize
@@ -115,11 +181,12 @@ def export_variant(variant: str, layers: int) -> dict:
     from hub_export.runtime import PteModel
     from hub_export.wrap import ExportableDecoder, export_program
 
-    {"one-delegate": _one_delegate, "bshd": _bshd}.get(variant, lambda: None)()
+    if variant == "peer":
+        return export_peer(layers)
+    {"one-delegate": _one_delegate, "bshd": _bshd, "stock-norm": lambda: _without("delegable_norms"),
+     "stock-rotary": lambda: _without("delegable_rotary"), "split": _split}.get(variant, lambda: None)()
     config = smollm2_135m_config()
-    config.num_hidden_layers = layers
-    torch.manual_seed(0)
-    model = AutoModelForCausalLM.from_config(config).eval()
+    model = _model(layers)
     quantize.quantize_model(model, "8da4w", "8w", 32)
     wrapped = ExportableDecoder(model, MAX_SEQ_LEN)
     prompt = torch.tensor([[(17 * i + 5) % 400 + 10 for i in range(20)]])

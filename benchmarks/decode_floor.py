@@ -88,6 +88,9 @@ import torch
 from executorch.extension.pybindings.portable_lib import _load_for_executorch
 import hub_export.runtime as runtime
 runtime._load_kernels()
+if len(sys.argv) > 5:
+    from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+    _unsafe_reset_threadpool(int(sys.argv[5]))
 module = _load_for_executorch(sys.argv[1])
 prompt, steps = int(sys.argv[2]), int(sys.argv[3])
 floor = sys.argv[4] == "floor"
@@ -109,8 +112,10 @@ print(json.dumps({"prefill_ms": prefill * 1e3, "decode_ms": statistics.median(ti
 """
 
 
-def one_round(pte: Path, kind: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", _ROUND, str(pte), str(PROMPT_TOKENS), str(DECODE_STEPS), kind],
+def one_round(pte: Path, kind: str, threads: int | None = None) -> dict:
+    """One fresh process: a prefill (after one untimed), then the median decode step; ``threads`` sizes the pool."""
+    extra = [str(threads)] if threads else []
+    done = subprocess.run([sys.executable, "-c", _ROUND, str(pte), str(PROMPT_TOKENS), str(DECODE_STEPS), kind, *extra],
                           capture_output=True, text=True, check=True, cwd=ROOT)
     return json.loads(done.stdout.strip().splitlines()[-1])
 

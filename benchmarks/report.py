@@ -16,9 +16,9 @@ def spread(values: list[float], digits: int = 1) -> dict:
 
 
 def write_results(name: str, result: dict, markdown: str | None = None) -> None:
-    """Write ``results/NAME.json`` (and ``NAME.md`` when given Markdown), then print the Markdown (or the JSON)."""
+    """Write ``results/NAME.json``, and ``NAME.md`` when given Markdown, which is also printed."""
     RESULTS.mkdir(parents=True, exist_ok=True)
     (RESULTS / f"{name}.json").write_text(json.dumps(result, indent=2) + "\n")
     if markdown is not None:
         (RESULTS / f"{name}.md").write_text(markdown)
-    print(markdown if markdown is not None else json.dumps(result, indent=2))
+        print(markdown)

@@ -17,6 +17,8 @@ BENCH_SECTIONS = (
     ("bench-cluster", "cluster-speedup"),
     ("bench-peer", "peer-8da4w"),
     ("bench-peer-8da8w", "peer-8da8w"),
+    ("bench-peer-qwen3", "peer-qwen3-8da4w"),
+    ("thread-scaling", "thread-scaling"),
     ("decode-floor", "decode-floor-8da4w"),
     ("bench-kv", "kv-cache"),
 )
