@@ -23,7 +23,7 @@ test: $(STAMP)
 test-real: $(STAMP)
 	$(VENV)/bin/pytest -q -m real --durations=10
 
-# A two-node Ray cluster on this machine: batch catalogues, a killed worker, Ctrl-C, the Space on the cluster; about 3 minutes.
+# A two-node Ray cluster on this machine: batch catalogues, a killed worker, Ctrl-C, the Space on the cluster; about 5 minutes.
 test-cluster: $(STAMP)
 	$(VENV)/bin/pytest -q -m cluster --durations=10
 

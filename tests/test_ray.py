@@ -26,7 +26,7 @@ from hub_export.localhub.pytest_plugin import LocalHubFixture
 from hub_export.manifest import Manifest, sha256_file
 from hub_export.publish import list_variants
 
-pytestmark = pytest.mark.cluster  # make test-cluster (CI runs it): a real two-node cluster, about 3 minutes
+pytestmark = pytest.mark.cluster  # make test-cluster (CI runs it): a real two-node cluster, about 5 minutes
 
 RAY = Path(sys.executable).parent / "ray"
 HUB_EXPORT = Path(sys.executable).parent / "hub-export"
