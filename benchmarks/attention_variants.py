@@ -35,7 +35,6 @@ from __future__ import annotations
 
 import argparse
 import json
-import statistics
 import subprocess
 import sys
 from pathlib import Path
@@ -150,7 +149,7 @@ def export_peer(layers: int) -> dict:
     import time
 
     from benchmarks.peer import MAX_SEQ_LEN as PEER_SEQ_LEN
-    from benchmarks.peer import peer_venv
+    from benchmarks.peer import peer_command
 
     assert PEER_SEQ_LEN == MAX_SEQ_LEN
     source = WORK / f"source-{layers}l"
@@ -161,10 +160,7 @@ def export_peer(layers: int) -> dict:
         return {"variant": "peer", "pte": str(out / "model.pte"), "export_seconds": float("nan"),
                 "max_abs_diff_vs_eager": float("nan")}
     started = time.perf_counter()
-    subprocess.run([str(peer_venv()), "export", "executorch", "--model", str(source), "--task", "text-generation",
-                    "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache", "--qlinear", "8da4w",
-                    "--qembedding", "8w", "--max_seq_len", str(MAX_SEQ_LEN), "--output_dir", str(out)],
-                   check=True, capture_output=True)
+    subprocess.run(peer_command(source, "8da4w", out), check=True, capture_output=True)
     return {"variant": "peer", "pte": str(out / "model.pte"), "export_seconds": round(time.perf_counter() - started, 1),
             "max_abs_diff_vs_eager": float("nan")}
 
@@ -207,19 +203,6 @@ def export_variant(variant: str, layers: int) -> dict:
     return {"variant": variant, "pte": str(path), "export_seconds": round(seconds, 1), "max_abs_diff_vs_eager": diff}
 
 
-def time_rounds(files: dict[str, str], rounds: int) -> dict:
-    from benchmarks.decode_floor import one_round
-
-    runs: dict[str, list[dict]] = {name: [] for name in files}
-    for _ in range(rounds):
-        for name, pte in files.items():
-            runs[name].append(one_round(Path(pte), "file"))
-    return {name: {"prefill_ms": statistics.median(r["prefill_ms"] for r in got),
-                   "decode_ms": statistics.median(r["decode_ms"] for r in got),
-                   "decode_ms_range": [min(r["decode_ms"] for r in got), max(r["decode_ms"] for r in got)]}
-            for name, got in runs.items()}
-
-
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(VARIANTS))
@@ -235,14 +218,16 @@ def main() -> None:
         done = subprocess.run([sys.executable, "-m", "benchmarks.attention_variants", "--export-one", variant,
                                "--layers", str(args.layers)], capture_output=True, text=True, check=True, cwd=ROOT)
         records[variant] = json.loads(done.stdout.strip().splitlines()[-1])
-    timing = time_rounds({name: record["pte"] for name, record in records.items()}, args.rounds)
+    from benchmarks.decode_floor import measure
+
+    timing = measure({name: (Path(record["pte"]), "file") for name, record in records.items()}, args.rounds)
     print(f"{args.layers} layers, SmolLM2-135M widths, 8da4w + 8-bit embeddings, {args.rounds} alternated rounds:\n")
     print("| variant | export + lower (s) | max abs diff vs eager | prefill 60 (ms) | decode step (ms), median (range) |")
     print("|---|---|---|---|---|")
     for name, record in records.items():
         t = timing[name]
         print(f"| {name} | {record['export_seconds']:.0f} | {record['max_abs_diff_vs_eager']:.3f} | "
-              f"{t['prefill_ms']:.1f} | {t['decode_ms']:.2f} ({t['decode_ms_range'][0]:.2f}-{t['decode_ms_range'][1]:.2f}) |")
+              f"{t['prefill_ms']['median']:.1f} | {t['decode_ms']['median']:.2f} ({t['decode_ms']['min']:.2f}-{t['decode_ms']['max']:.2f}) |")
 
 
 if __name__ == "__main__":

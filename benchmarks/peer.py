@@ -83,6 +83,13 @@ def source_folder(family: str) -> Path:
     return folder
 
 
+def peer_command(source: Path, qmode: str, out: Path) -> list[str]:
+    """optimum-executorch's export of ``source`` with the flags both tools are compared under."""
+    return [str(peer_venv()), "export", "executorch", "--model", str(source), "--task", "text-generation",
+            "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache", "--qlinear", qmode,
+            "--qembedding", "8w", "--max_seq_len", str(MAX_SEQ_LEN), "--output_dir", str(out)]
+
+
 def run_name(family: str, qmode: str) -> str:
     return qmode if family == "smollm2" else f"{family}-{qmode}"
 
@@ -111,9 +118,7 @@ def export_both(source: Path, qmode: str, at_once: bool, name: str) -> dict:
     ours_dir, peer_dir = WORK / f"ours-{name}", WORK / f"peer-{name}"
     ours = [str(Path(sys.executable).parent / "hub-export"), "export", str(source), "-o", str(ours_dir), "--overwrite",
             "--qmode", qmode, "--qembedding", "8w", "--max-seq-len", str(MAX_SEQ_LEN), "--jobs", "1"]
-    peer = [str(peer_venv()), "export", "executorch", "--model", str(source), "--task", "text-generation",
-            "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache", "--qlinear", qmode,
-            "--qembedding", "8w", "--max_seq_len", str(MAX_SEQ_LEN), "--output_dir", str(peer_dir)]
+    peer = peer_command(source, qmode, peer_dir)
     logs = {"hub-export": WORK / f"ours-{name}.log", "optimum-executorch": WORK / f"peer-{name}.log"}
     commands = {"hub-export": ours, "optimum-executorch": peer}
     results = {}
