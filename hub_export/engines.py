@@ -166,6 +166,17 @@ def _here() -> str:
     return f"node {ray.get_runtime_context().get_node_id()[:8]} ({socket.gethostname()}, pid {os.getpid()})"
 
 
+def _attempt() -> int | None:
+    """Which run of this task this is (0 the first): Ray's own count, so a worker killed before
+    the task's first message still shows as a retry. None where this Ray does not say."""
+    import ray
+
+    try:
+        return int(ray._private.worker.global_worker.core_worker.get_current_task_attempt_number())
+    except (AttributeError, TypeError, ValueError):
+        return None
+
+
 def _send(relay, message: tuple) -> None:
     """Post ``message`` to the driver without waiting: a task blocked in ``ray.get`` lends its CPU
     to another task, which would put two builds on a one-CPU node."""
@@ -183,8 +194,8 @@ def _prepare_task(request: SourceRequest, relay, quiet: bool) -> Prepared:
 
 def _build_task(job: VariantJob, request: SourceRequest, relay) -> tuple["Variant", dict[str, bytes]]:
     """On a node: build ``job``'s variant and return its record and its files' bytes."""
+    _send(relay, ("start", job.index, (_here(), _attempt())))
     _task_setup(job.quiet)
-    _send(relay, ("start", job.index, _here()))
     src = source_on_this_node(job.src, request)
     with tempfile.TemporaryDirectory(prefix="hub-export-task-") as scratch:
         variant = build_job(replace(job, src=src, workdir=Path(scratch)),
@@ -331,13 +342,15 @@ class RayEngine:
             elif kind == "note":
                 say(payload)
             elif kind == "start":
+                where, attempt = payload
                 starts[index] = starts.get(index, 0) + 1
+                retry = starts[index] - 1 if attempt is None else attempt
                 qmode = qmodes.get(index, "?")
-                if starts[index] == 1:
-                    say(f"[{qmode}] building on {payload}")
+                if retry == 0:
+                    say(f"[{qmode}] building on {where}")
                 else:
-                    say(f"[{qmode}] the previous worker died; building again on {payload} "
-                        f"(retry {starts[index] - 1} of {self.retries})", "retry", qmode)
+                    say(f"[{qmode}] the previous worker died; building again on {where} "
+                        f"(retry {retry} of {self.retries})", "retry", qmode)
 
     def _result(self, ref, job: VariantJob | None) -> Any:
         ray = _import_ray()
