@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-real test-cluster test-all demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv clean
+.PHONY: install test test-extended test-real test-cluster test-all demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -19,6 +19,11 @@ install: $(STAMP)
 test: $(STAMP)
 	$(VENV)/bin/pytest -q --durations=40
 
+# Every other qmode end to end (8da8w, 4w, 8w, 4-bit embeddings, the group-size fallback), a static graph,
+# tied embeddings stored once, an export from a real headless browser: about 6 minutes.
+test-extended: $(STAMP)
+	$(VENV)/bin/pytest -q -m extended --durations=10
+
 # The real SmolLM2-135M-Instruct exported once and checked (answers, quality, the judge, the card): about 15 minutes.
 test-real: $(STAMP)
 	$(VENV)/bin/pytest -q -m real --durations=10
@@ -28,7 +33,7 @@ test-cluster: $(STAMP)
 	$(VENV)/bin/pytest -q -m cluster --durations=10
 
 test-all: $(STAMP)
-	$(VENV)/bin/pytest -q -m "slow or real or cluster or not slow"
+	$(VENV)/bin/pytest -q -m "slow or real or cluster or extended or not slow"
 
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh

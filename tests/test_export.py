@@ -83,6 +83,7 @@ def test_pte_prefills_in_parallel_and_matches_token_by_token(exported_multi, tin
     assert torch.allclose(parallel, sequential, atol=1e-4)
 
 
+@pytest.mark.extended
 def test_static_graph_is_not_marked_dynamic(tiny_model, tmp_path):
     """A cache of 2 leaves room for one-token prefill only: the graph is static, and says so."""
     from hub_export.export import export
@@ -161,6 +162,7 @@ def untied_odd_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "untied-odd", config=config, seed=1)
 
 
+@pytest.mark.extended
 def test_8da8w_and_grouped_fallback_with_4bit_embeddings(untied_odd_model, tmp_path, caplog):
     from hub_export.export import export
 
@@ -184,6 +186,7 @@ def biased_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("models") / "biased", config=config, seed=2)
 
 
+@pytest.mark.extended
 def test_weight_only_4w_and_8w_match_eager_and_shrink_the_file(biased_model, tmp_path):
     from hub_export.export import export
 
@@ -212,6 +215,7 @@ def test_weight_only_4w_and_8w_match_eager_and_shrink_the_file(biased_model, tmp
 # --- tied embeddings stored once (--share-embeddings) -------------------------------------
 
 
+@pytest.mark.extended
 def test_shared_embeddings_store_the_tied_table_once(exported_shared, tiny_model, tmp_path):
     from transformers import AutoConfig
 

@@ -429,6 +429,7 @@ def artifacts() -> Path:
     return folder
 
 
+@pytest.mark.extended
 def test_browser_export_shows_the_repo_link(
     space: Space, tiny_model: Path, local_hub: LocalHubFixture, artifacts: Path
 ) -> None:
