@@ -7,6 +7,7 @@ the three never disagree.
 from __future__ import annotations
 
 from dataclasses import dataclass
+from typing import Any, Mapping
 
 from .errors import InputError, opt
 
@@ -104,6 +105,43 @@ def check_attention_sink(config) -> None:
 
 
 LEARNED_POSITIONS = {"gpt2"}  # absolute position embeddings: no rope to wrap
+
+
+def attention_window(settings: Mapping[str, Any]) -> int | None:
+    """A text config's sliding window, or None when every layer attends to the whole context.
+
+    transformers' rule: the window counts only when it is set, not switched off by
+    ``use_sliding_window: false``, and (for models that list their layer kinds) some
+    layer is a ``sliding_attention`` one.
+
+    Example:
+        >>> attention_window({"sliding_window": 4096})
+        4096
+        >>> attention_window({"sliding_window": 4096, "use_sliding_window": False}) is None
+        True
+    """
+    window = settings.get("sliding_window")
+    kinds = settings.get("layer_types") or []
+    if not window or settings.get("use_sliding_window", True) is False:
+        return None
+    if kinds and "sliding_attention" not in kinds:
+        return None
+    return int(window)
+
+
+def layer_windows(settings: Mapping[str, Any]) -> list[int | None]:
+    """Each layer's sliding window (None: full attention), by :func:`attention_window`'s rule.
+
+    Example:
+        >>> layer_windows({"num_hidden_layers": 3, "sliding_window": 512,
+        ...                "layer_types": ["sliding_attention", "sliding_attention", "full_attention"]})
+        [512, 512, None]
+    """
+    window = attention_window(settings)
+    kinds = settings.get("layer_types") or []
+    if kinds:
+        return [window if kind == "sliding_attention" else None for kind in kinds]
+    return [window] * int(settings["num_hidden_layers"])
 
 
 def markdown_table() -> str:

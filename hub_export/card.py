@@ -449,23 +449,17 @@ def reproduce_commands(manifest: Manifest) -> list[str]:
 
 
 def sliding_window(config: Mapping[str, Any] | None) -> int | None:
-    """The attention window of a model config, or None when it attends to the whole context.
-
-    Mirrors :func:`hub_export.archs.check_config`: a window counts only when it is enabled and,
-    for models that mix layer kinds, when some layer uses it.
+    """The attention window of a model config (its text config, for multimodal ones), or None when
+    it attends to the whole context: the rule the export's cache follows (:func:`hub_export.archs.attention_window`).
 
     Example:
         >>> sliding_window({"model_type": "mistral", "sliding_window": 4096})
         4096
         >>> sliding_window({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False})
     """
-    text = dict((config or {}).get("text_config") or config or {})
-    window = text.get("sliding_window")
-    layer_types = text.get("layer_types") or []
-    enabled = text.get("use_sliding_window", True) is not False
-    if not window or not enabled or (layer_types and "sliding_attention" not in layer_types):
-        return None
-    return int(window)
+    from .archs import attention_window
+
+    return attention_window(dict((config or {}).get("text_config") or config or {}))
 
 
 def _environment(template: Path | None):

@@ -110,15 +110,11 @@ def head_shape(config) -> tuple[int, int]:
 
 
 def sliding_layers(config) -> list[int | None]:
-    """Each layer's sliding window, or None for full attention (transformers' rule)."""
-    count = config.num_hidden_layers
-    window = getattr(config, "sliding_window", None)
-    layer_types = getattr(config, "layer_types", None)
-    if not window or getattr(config, "use_sliding_window", True) is False:
-        return [None] * count
-    if layer_types:
-        return [window if kind == "sliding_attention" else None for kind in layer_types]
-    return [window] * count
+    """Each layer's sliding window, or None for full attention (:func:`hub_export.archs.layer_windows`)."""
+    from .archs import layer_windows
+
+    keys = ("num_hidden_layers", "sliding_window", "layer_types", "use_sliding_window")
+    return layer_windows({key: getattr(config, key) for key in keys if hasattr(config, key)})
 
 
 def plan_layers(config, max_seq_len: int, sliding: str = "ring", dtype: str = "fp32",
