@@ -15,42 +15,17 @@ from __future__ import annotations
 
 import argparse
 import os
-import secrets
 import shutil
-import signal
-import socket
 import subprocess
 import sys
 import tempfile
 import time
 from pathlib import Path
 
+from benchmarks.ray_nodes import LocalRay, free_port
 from benchmarks.report import write_results
 
 BIN = Path(sys.executable).parent
-
-
-def _port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-ENV: dict[str, str] = {}
-
-
-def _nodes(address: str) -> int:
-    code = f"import ray; ray.init(address={address!r}, log_to_driver=False); print(sum(n['Alive'] for n in ray.nodes()))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=ENV)
-    return int(done.stdout.split()[-1]) if done.returncode == 0 and done.stdout.strip() else 0
-
-
-def _wait(condition, what: str, seconds: float = 90) -> None:
-    deadline = time.monotonic() + seconds
-    while not condition():
-        if time.monotonic() > deadline:
-            raise SystemExit(f"{what} did not happen within {seconds:.0f} s")
-        time.sleep(1)
 
 
 def _models(work: Path, layers: int) -> list[Path]:
@@ -92,46 +67,29 @@ def main() -> None:
     qmodes = args.qmodes or ["8da4w", "8da8w"]
 
     work = Path(tempfile.mkdtemp(prefix="cluster-bench-"))
-    ray_temp = tempfile.mkdtemp(prefix="rb", dir="/tmp")  # Ray's socket paths must stay short
-    token_file = Path(ray_temp) / "auth_token"  # the cluster's own token: nodes and drivers present it
-    token_file.write_text(secrets.token_hex(32))
-    env = {**os.environ, "RAY_USAGE_STATS_ENABLED": "0", "HF_HOME": str(work / "hf"), "HF_HUB_DISABLE_XET": "1",
-           "COLUMNS": "200", "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token_file)}
-    ENV.update(env)
-    processes: list[subprocess.Popen] = []
+    env = {**os.environ, "HF_HOME": str(work / "hf"), "HF_HUB_DISABLE_XET": "1", "COLUMNS": "200"}
+    hub = None
     try:
-        from hub_export.localhub.store import add_user
+        with LocalRay(env) as cluster:
+            from hub_export.localhub.store import add_user
 
-        hub_port = _port()
-        env["HF_TOKEN"] = add_user(work / "hub", "bench")
-        env["HF_ENDPOINT"] = f"http://127.0.0.1:{hub_port}"
-        processes.append(subprocess.Popen([str(BIN / "hub-export"), "hub", "serve", "--root", str(work / "hub"),
-                                           "--port", str(hub_port)], env=env, stdout=subprocess.DEVNULL,
-                                          stderr=subprocess.DEVNULL))
-        models = _models(work, args.layers)
-
-        port = _port()
-        address = f"127.0.0.1:{port}"
-        common = ["--block", "--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
-        processes.append(subprocess.Popen([str(BIN / "ray"), "start", "--head", f"--port={port}",
-                                           "--include-dashboard=false", f"--temp-dir={ray_temp}", *common], env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
-        _wait(lambda: _nodes(address) >= 1, "the Ray head starting")
-        one = _batch(_plan(work / "one.yaml", models, "one-node", qmodes), address, env)
-        processes.append(subprocess.Popen([str(BIN / "ray"), "start", f"--address={address}", *common], env=env,
-                                          stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
-        _wait(lambda: _nodes(address) >= 2, "the second node joining")
-        two = _batch(_plan(work / "two.yaml", models, "two-nodes", qmodes), address, env)
+            env = cluster.env
+            hub_port = free_port()
+            env["HF_TOKEN"] = add_user(work / "hub", "bench")
+            env["HF_ENDPOINT"] = f"http://127.0.0.1:{hub_port}"
+            hub = subprocess.Popen([str(BIN / "hub-export"), "hub", "serve", "--root", str(work / "hub"),
+                                    "--port", str(hub_port)], env=env, stdout=subprocess.DEVNULL,
+                                   stderr=subprocess.DEVNULL)
+            models = _models(work, args.layers)
+            cluster.add_node()
+            one = _batch(_plan(work / "one.yaml", models, "one-node", qmodes), cluster.address, env)
+            cluster.add_node()
+            two = _batch(_plan(work / "two.yaml", models, "two-nodes", qmodes), cluster.address, env)
     finally:
-        for process in reversed(processes):
-            process.send_signal(signal.SIGTERM)
-        for process in reversed(processes):
-            try:
-                process.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                process.kill()
+        if hub is not None:
+            hub.terminate()
+            hub.wait(timeout=30)
         shutil.rmtree(work, ignore_errors=True)
-        shutil.rmtree(ray_temp, ignore_errors=True)
 
     from hub_export.manifest import machine_description
 

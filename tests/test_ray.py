@@ -9,18 +9,15 @@ from __future__ import annotations
 
 import os
 import re
-import secrets
-import shutil
 import signal
-import socket
 import subprocess
 import sys
-import tempfile
 import time
 from pathlib import Path
 
 import pytest
 
+from benchmarks.ray_nodes import LocalRay
 from hub_export.demo import build_tiny_model
 from hub_export.localhub.pytest_plugin import LocalHubFixture
 from hub_export.manifest import Manifest, sha256_file
@@ -28,21 +25,8 @@ from hub_export.publish import list_variants
 
 pytestmark = pytest.mark.cluster  # make test-cluster (CI runs it): a real two-node cluster, about 5 minutes
 
-RAY = Path(sys.executable).parent / "ray"
 HUB_EXPORT = Path(sys.executable).parent / "hub-export"
 TASK_TITLE = b"ray::hub-export "  # Ray titles a worker by the task it runs: "hub-export 8da4w SOURCE", "hub-export prepare SOURCE"
-
-
-def _free_port() -> int:
-    with socket.socket() as probe:
-        probe.bind(("127.0.0.1", 0))
-        return probe.getsockname()[1]
-
-
-def _alive_nodes(address: str) -> int:
-    code = f"import ray; ray.init(address={address!r}, log_to_driver=False); print(sum(n['Alive'] for n in ray.nodes()))"
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60)
-    return int(done.stdout.strip().splitlines()[-1]) if done.returncode == 0 and done.stdout.strip() else 0
 
 
 def _task_processes() -> dict[int, bytes]:
@@ -61,44 +45,17 @@ def _task_processes() -> dict[int, bytes]:
 @pytest.fixture(scope="module")
 def ray_cluster(hf_isolated_env) -> str:
     """``host:port`` of a two-node Ray cluster (1 CPU each), stopped afterwards."""
-    # Ray's socket paths live under its temp dir and must stay short.
-    temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")
-    port = _free_port()
-    address = f"127.0.0.1:{port}"
-    # Token authentication, as Ray sets up a cluster by default, with this cluster's own token:
-    # every node and every driver (the CLI runs, this process) must present it.
-    token_file = Path(temp) / "auth_token"
-    token_file.write_text(secrets.token_hex(32))
-    settings = pytest.MonkeyPatch()
-    settings.setenv("RAY_AUTH_MODE", "token")
-    settings.setenv("RAY_AUTH_TOKEN_PATH", str(token_file))
-    settings.setenv("RAY_USAGE_STATS_ENABLED", "0")
-    env = dict(os.environ)
-    common = ["--block", "--num-cpus=1", "--node-ip-address=127.0.0.1", "--disable-usage-stats"]
-    head = subprocess.Popen([str(RAY), "start", "--head", f"--port={port}", "--include-dashboard=false",
-                             f"--temp-dir={temp}", *common], env=env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
-    nodes = [head]
-    try:
-        deadline = time.monotonic() + 90
-        while _alive_nodes(address) < 1:
-            assert time.monotonic() < deadline and head.poll() is None, "the Ray head did not start"
-            time.sleep(1)
-        nodes.append(subprocess.Popen([str(RAY), "start", f"--address={address}", *common], env=env,
-                                      stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT))
-        while _alive_nodes(address) < 2:
-            assert time.monotonic() < deadline, "the second Ray node did not join"
-            time.sleep(1)
-        yield address
-    finally:
-        for node in reversed(nodes):
-            node.send_signal(signal.SIGTERM)
-        for node in reversed(nodes):
-            try:
-                node.wait(timeout=30)
-            except subprocess.TimeoutExpired:
-                node.kill()
-        settings.undo()
-        shutil.rmtree(temp, ignore_errors=True)
+    with LocalRay(dict(os.environ)) as cluster:
+        # The CLI runs (drivers) inherit this process's environment: the cluster's token with it.
+        settings = pytest.MonkeyPatch()
+        for name in ("RAY_AUTH_MODE", "RAY_AUTH_TOKEN_PATH", "RAY_USAGE_STATS_ENABLED"):
+            settings.setenv(name, cluster.env[name])
+        try:
+            cluster.add_node()
+            cluster.add_node()
+            yield cluster.address
+        finally:
+            settings.undo()
 
 
 @pytest.fixture(scope="module")
