@@ -88,7 +88,10 @@ def main() -> None:
     finally:
         if hub is not None:
             hub.terminate()
-            hub.wait(timeout=30)
+            try:
+                hub.wait(timeout=30)
+            except subprocess.TimeoutExpired:
+                hub.kill()  # as the code before LocalRay did for every process it started
         shutil.rmtree(work, ignore_errors=True)
 
     from hub_export.manifest import machine_description
