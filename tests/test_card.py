@@ -366,3 +366,14 @@ def test_push_from_a_local_export_with_base_model_inherits_its_card(local_hub, t
     card = ModelCard.load(other.repo_id)
     assert card.data.to_dict()["base_model"] == "acme/Not-There" and "license" not in card.data.to_dict()
     assert "License: not stated" in card.text
+
+
+def test_the_machine_names_its_vector_isa_because_it_picks_the_kernels():
+    """Speed figures from an AVX-512 VNNI core and an AVX2 one differ about 3x: the card says which."""
+    from hub_export.manifest import machine_description
+
+    zen4 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_vnni\n"
+    zen2 = "model name\t: AMD EPYC 7R32\nflags\t\t: fpu sse avx2 fma\n"
+    assert machine_description(zen4).startswith("AMD EPYC 9R14 (AVX-512 VNNI), ")
+    assert machine_description(zen2).startswith("AMD EPYC 7R32 (AVX2), ")
+    assert "(" not in machine_description("model name : Plain CPU\nflags : fpu sse\n")
