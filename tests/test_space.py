@@ -9,7 +9,6 @@ from __future__ import annotations
 
 import importlib.util
 import re
-import socket
 import sys
 import threading
 import time
@@ -20,6 +19,7 @@ from types import ModuleType
 
 import pytest
 
+from benchmarks.ray_nodes import free_port
 from hub_export import service
 from hub_export.errors import HubError, HubExportError, InputError
 from hub_export.generate import Sampling
@@ -63,11 +63,6 @@ space_app = _load_space_app()
 layout = sys.modules["layout"]
 
 
-def _free_port() -> int:
-    with socket.socket() as sock:
-        sock.bind(("127.0.0.1", 0))
-        return sock.getsockname()[1]
-
 
 @dataclass
 class Space:
@@ -85,7 +80,7 @@ def space(local_hub: LocalHubFixture, tmp_path_factory: pytest.TempPathFactory) 
         work_root=work_root,
     )
     blocks = space_app.build_app(settings)
-    options = {**space_app.LAUNCH_OPTIONS, "server_name": "127.0.0.1", "server_port": _free_port(), "quiet": True}
+    options = {**space_app.LAUNCH_OPTIONS, "server_name": "127.0.0.1", "server_port": free_port(), "quiet": True}
     blocks.launch(prevent_thread_lock=True, **options)
     try:
         yield Space(blocks.local_url, work_root)
