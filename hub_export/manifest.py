@@ -377,18 +377,17 @@ def machine_description(cpuinfo: str | None = None) -> str:
     """
     import os
 
-    cpu, flags = platform.processor() or platform.machine(), set()
     if cpuinfo is None:
         try:
             cpuinfo = Path("/proc/cpuinfo").read_text()
         except OSError:
             cpuinfo = ""
+    fields: dict[str, str] = {}  # the first core's: every core repeats the same keys
     for line in cpuinfo.splitlines():
         key, _, value = line.partition(":")
-        if key.strip() == "model name" and cpu in (platform.processor(), platform.machine()):
-            cpu = value.strip()
-        elif key.strip() in ("flags", "Features") and not flags:
-            flags = set(value.split())
+        fields.setdefault(key.strip(), value.strip())
+    cpu = fields.get("model name") or platform.processor() or platform.machine()
+    flags = set((fields.get("flags") or fields.get("Features") or "").split())
     level = next((name for flag, name in _VECTOR_LEVELS if flag in flags), None)
     cpu = f"{cpu} ({level})" if level else cpu
     return f"{cpu}, {os.cpu_count()} cores, {platform.system()} {platform.machine()}"

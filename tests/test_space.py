@@ -63,7 +63,6 @@ space_app = _load_space_app()
 layout = sys.modules["layout"]
 
 
-
 @dataclass
 class Space:
     url: str
