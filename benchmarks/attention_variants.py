@@ -13,6 +13,14 @@ swaps the formulation in for the export only:
   written (as the ring layers do), scores by ``bmm`` over the whole cache plus the chunk
   under one softmax, the chunk written after: nothing outside XNNPACK sits between a
   layer's projections and its attention, so the forward lowers to 3 partitions;
+- ``dispatch``: one file, two attentions: ``torch.cond`` on the chunk length runs
+  ``custom_sdpa`` for a one-token decode step and the XNNPACK matmul attention of
+  :func:`hub_export.kv_cache.masked_attention` for a prefill chunk (the runner calls one
+  method for both). It does not lower on executorch 1.5.1: with ``start_pos`` as a branch
+  operand ExecuTorch's pass replay fails ("did not preserve symbolic metadata"), and with the
+  position as a tensor read inside each branch the replay finds unbacked symbols the branch
+  does not return (``PendingUnbackedSymbolNotFound``). Kept to rerun on a newer stack;
+  ``--export-one dispatch --layers 2`` shows the error in a minute;
 - ``bshd``: the stock kernels, but the attention block keeps ``[B, S, H, D]`` from the
   projections through rotary embedding, the cache write and ``custom_sdpa`` (the layout
   those two operators take), so none of the transposes around them remain;
@@ -42,7 +50,7 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / "work" / "attention"
 MAX_SEQ_LEN = 256
-VARIANTS = ("stock", "one-delegate", "bshd", "stock-norm", "stock-rotary", "split", "peer")
+VARIANTS = ("stock", "dispatch", "one-delegate", "bshd", "stock-norm", "stock-rotary", "split", "peer")
 
 
 def _one_delegate() -> None:
@@ -82,6 +90,42 @@ def _one_delegate() -> None:
 
     kv_cache.KVCache.__init__ = init
     kv_cache.KVCache.update = update
+    kv_cache.attend = attend
+
+
+def _dispatch() -> None:
+    import torch
+
+    from hub_export import kv_cache
+
+    stock = kv_cache.attend
+
+    def attend(module, query, key, value, scaling, sliding_window=None, softcap=None):
+        cache, i = kv_cache.current_cache(), module.layer_idx
+        layer = cache.layout.layers[i]
+        if layer.ring or layer.window or softcap or cache.layout.dtype != "fp32":
+            return stock(module, query, key, value, scaling, sliding_window, softcap)
+        start_pos = kv_cache.current_start_pos()
+
+        # A SymInt operand does not survive ExecuTorch's pass replay of the branches: hand
+        # the position over as a tensor and read it inside each branch.
+        position = torch.scalar_tensor(start_pos, dtype=torch.long)
+
+        def read(position):
+            pos = position.item()
+            torch._check(pos >= 0)
+            torch._check(pos < MAX_SEQ_LEN)
+            return pos
+
+        def one_token(query, key, value, position):
+            return torch.ops.llama.custom_sdpa(query.transpose(1, 2), key, value, read(position), None, 0.0, True,
+                                               scaling)
+
+        def chunk(query, key, value, position):
+            return kv_cache.masked_attention(query, key, value, read(position), scaling)
+
+        return torch.cond(query.shape[2] == 1, one_token, chunk, (query, key, value, position))
+
     kv_cache.attend = attend
 
 
@@ -179,7 +223,7 @@ def export_variant(variant: str, layers: int) -> dict:
 
     if variant == "peer":
         return export_peer(layers)
-    {"one-delegate": _one_delegate, "bshd": _bshd, "stock-norm": lambda: _without("delegable_norms"),
+    {"one-delegate": _one_delegate, "dispatch": _dispatch, "bshd": _bshd, "stock-norm": lambda: _without("delegable_norms"),
      "stock-rotary": lambda: _without("delegable_rotary"), "split": _split}.get(variant, lambda: None)()
     config = smollm2_135m_config()
     model = _model(layers)
