@@ -12,7 +12,6 @@ import json
 import re
 import sys
 import threading
-import time
 from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
