@@ -5,14 +5,19 @@
 
 A program that holds nothing but SmolLM2-135M's linear layers, in order (30 layers of
 q, k, v, o, gate, up, down, then the vocabulary projection on the last position),
-quantized as the peer benchmark's files are (``--qmode``, group 32), chained by residual
-adds, the MLP's product and one copy and product per layer for the keys and values, lowered whole to one XNNPACK partition. Every
-``.pte`` that holds these weights and runs these kernels spends at least this long per
-token; whatever else a file does (attention, cache writes, norms, rotary, delegate
-hops) comes on top. The two files of the last ``benchmarks.peer`` run for ``--qmode``
-are timed the same way in the same run: ExecuTorch's pybinding ``run_method`` in a fresh
-process per round, rounds alternated, a 60-token prefill timed after one untimed, then
-the median of 63 decode steps.
+quantized as the peer benchmark's files are (``--qmode``, group 32), with the two RMS
+norms a layer has (without them the random-weight products overflow to inf within 25
+layers, and a kernel fed inf times no real work), chained by residual adds, the MLP's
+product and one copy and product per layer for the keys and values, lowered whole to one
+XNNPACK partition. A second program adds what ExecuTorch's attention costs: each layer
+writes its keys and values with ``llama::update_cache`` and attends with
+``llama::custom_sdpa``, as both tools' files do. Every ``.pte`` that holds these weights
+and runs these kernels spends at least as long per token as the first program, and every
+file built on ExecuTorch's attention operators at least as long as the second; rotary
+embedding, the token embedding and delegate hops come on top. The two files of the last
+``benchmarks.peer`` run for ``--qmode`` are timed the same way in the same run:
+ExecuTorch's pybinding ``run_method`` in a fresh process per round, rounds alternated, a
+60-token prefill timed after one untimed, then the median of 63 decode steps.
 
 Writes ``benchmarks/results/decode-floor-QMODE.{json,md}``. A benchmark, not a test.
 """
@@ -31,20 +36,36 @@ ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / "work" / "decode-floor"
 PROMPT_TOKENS = 60
 DECODE_STEPS = 63
+FLOOR = "weight matmuls only"
+FLOOR_SDPA = "weight matmuls + cache writes + custom_sdpa"
 
 
-def build_floor(qmode: str, path: Path) -> Path:
-    """Lower the linears-only program of SmolLM2-135M's shape to ``path`` (cached)."""
+def build_floor(qmode: str, path: Path, attention: bool = False) -> Path:
+    """Lower the linears-only program of SmolLM2-135M's shape to ``path`` (cached).
+
+    With ``attention``, each layer also writes its keys and values with
+    ``llama::update_cache`` and attends with ``llama::custom_sdpa`` over a 256-slot cache,
+    as every file built on ExecuTorch's attention operators does; what it leaves out
+    (norms, rotary, embedding) costs little. Its prefill is the least such a file spends.
+    """
     if path.is_file():
         return path
     import torch
     from torch import nn
 
     from benchmarks.models import smollm2_135m_config
-    from hub_export import lower, quantize
+    from hub_export import lower, quantize, runtime
 
     config = smollm2_135m_config()
-    hidden, inner, kv = config.hidden_size, config.intermediate_size, 192
+    hidden, inner = config.hidden_size, config.intermediate_size
+    head_dim = hidden // config.num_attention_heads
+    kv = config.num_key_value_heads * head_dim
+    slots = 256
+    runtime._load_kernels()
+
+    def rms_norm(x):
+        # every Llama-shaped file normalizes before attention and MLP; without it the products overflow
+        return x * torch.rsqrt(x.pow(2).mean(-1, keepdim=True) + 1e-5)
 
     class Layer(nn.Module):
         def __init__(self):
@@ -53,12 +74,28 @@ def build_floor(qmode: str, path: Path) -> Path:
             self.o = nn.Linear(hidden, hidden, False)
             self.gate, self.up, self.down = (nn.Linear(hidden, inner, False), nn.Linear(hidden, inner, False),
                                              nn.Linear(inner, hidden, False))
+            if attention:
+                for name in ("k_cache", "v_cache"):
+                    self.register_buffer(name, torch.zeros(1, slots, config.num_key_value_heads, head_dim),
+                                         persistent=False)
 
-        def forward(self, x):
-            # keys and values scale the queries (a copy and a product: what attention adds is left out)
-            keys = self.k(x)
-            x = x + self.o(self.q(x) * torch.cat([keys, self.v(x), keys], dim=-1))
-            return x + self.down(self.gate(x) * self.up(x))
+        def mix(self, x, start_pos):
+            if not attention:
+                # keys and values scale the queries (a copy and a product: what attention adds is left out)
+                keys = self.k(x)
+                return self.q(x) * torch.cat([keys, self.v(x), keys], dim=-1)
+            rows = x.shape[1]
+            for projection, cache in ((self.k, self.k_cache), (self.v, self.v_cache)):
+                torch.ops.llama.update_cache(projection(x).view(1, rows, -1, head_dim), cache, start_pos)
+            query = self.q(x).view(1, rows, -1, head_dim)
+            mixed = torch.ops.llama.custom_sdpa(query, self.k_cache, self.v_cache, start_pos, None, 0.0, True,
+                                                head_dim ** -0.5)
+            return mixed.view(1, rows, hidden)
+
+        def forward(self, x, start_pos):
+            x = x + self.o(self.mix(rms_norm(x), start_pos))
+            normed = rms_norm(x)
+            return x + self.down(self.gate(normed) * self.up(normed))
 
     class Linears(nn.Module):
         def __init__(self):
@@ -66,17 +103,30 @@ def build_floor(qmode: str, path: Path) -> Path:
             self.layers = nn.ModuleList(Layer() for _ in range(config.num_hidden_layers))
             self.head = nn.Linear(hidden, config.vocab_size, False)
 
-        def forward(self, x):
+        def forward(self, x, cache_position):
+            start_pos = cache_position[0].item()
+            torch._check(start_pos >= 0)
+            torch._check(start_pos < slots)
             for layer in self.layers:
-                x = layer(x)
+                x = layer(x, start_pos)
             return self.head(x[:, -1:, :])
 
     torch.manual_seed(0)
     model = Linears().eval()
+    for module in model.modules():
+        if isinstance(module, nn.Linear):
+            # transformers' initializer_range; kernels fed inf would not be timing real work
+            nn.init.normal_(module.weight, std=0.02)
     quantize.quantize_linears(model, qmode, 32)
-    seq = torch.export.Dim("seq", min=1, max=255)
     with torch.no_grad():
-        program = torch.export.export(model, (torch.randn(1, 2, hidden),), dynamic_shapes=({1: seq},), strict=True)
+        if not torch.isfinite(model(torch.randn(1, PROMPT_TOKENS, hidden), torch.arange(PROMPT_TOKENS))).all():
+            raise RuntimeError("the floor program overflows; its timings would not be real work")
+        for buffer in model.buffers():
+            buffer.zero_()
+    seq = torch.export.Dim("seq", min=1, max=slots - 1)
+    example = (torch.randn(1, 2, hidden), torch.arange(2))
+    with torch.no_grad():
+        program = torch.export.export(model, example, dynamic_shapes=({1: seq}, {0: seq}), strict=True)
     path.parent.mkdir(parents=True, exist_ok=True)
     lower.to_pte(program, {}, path)
     return path
@@ -93,12 +143,13 @@ if len(sys.argv) > 5:
     _unsafe_reset_threadpool(int(sys.argv[5]))
 module = _load_for_executorch(sys.argv[1])
 prompt, steps = int(sys.argv[2]), int(sys.argv[3])
-floor = sys.argv[4] == "floor"
+kind = sys.argv[4]
 def inputs(count, position):
-    if floor:
-        return [torch.randn(1, count, 576)]
+    positions = torch.arange(position, position + count, dtype=torch.long)
+    if kind.startswith("floor"):
+        return [torch.randn(1, count, 576), positions]
     tokens = torch.tensor([[(17 * i + 5) % 400 + 10 for i in range(count)]], dtype=torch.long)
-    return [tokens, torch.arange(position, position + count, dtype=torch.long)]
+    return [tokens, positions]
 module.run_method("forward", inputs(prompt, 0))
 start = time.perf_counter()
 module.run_method("forward", inputs(prompt, 0))
@@ -131,7 +182,8 @@ def measure(files: dict[str, tuple[Path, str]], rounds: int) -> dict:
 
 def markdown(result: dict) -> str:
     timing = result["timing"]
-    peer, ours, floor = timing["optimum-executorch"], timing["hub-export"], timing["weight matmuls only"]
+    peer, ours, floor = timing["optimum-executorch"], timing["hub-export"], timing[FLOOR]
+    attention = timing.get(FLOOR_SDPA)
 
     def cell(figure: dict) -> str:
         return f"{figure['median']:.1f} ({figure['min']:.1f}-{figure['max']:.1f})"
@@ -145,22 +197,32 @@ def markdown(result: dict) -> str:
         "|---|---|---|",
         f"| optimum-executorch's file | {cell(peer['prefill_ms'])} | {cell(peer['decode_ms'])} |",
         f"| hub-export's file | {cell(ours['prefill_ms'])} | {cell(ours['decode_ms'])} |",
-        f"| the weight matmuls alone (floor) | {cell(floor['prefill_ms'])} | {cell(floor['decode_ms'])} |",
+        f"| the weight matmuls and norms alone (floor) | {cell(floor['prefill_ms'])} | {cell(floor['decode_ms'])} |",
+        *([f"| the same plus cache writes and `custom_sdpa` | {cell(attention['prefill_ms'])} | "
+           f"{cell(attention['decode_ms'])} |"] if attention else []),
         f"| target: peer / {result['targets']['prefill']} (prefill), / {result['targets']['decode']} (decode) | "
         f"{peer['prefill_ms']['median'] / result['targets']['prefill']:.1f} | "
         f"{peer['decode_ms']['median'] / result['targets']['decode']:.1f} |",
         "",
-        f"Decode: the matmuls alone take {floor['decode_ms']['median'] / peer['decode_ms']['median']:.0%} of the "
+        f"Decode: the matmuls and norms alone take {floor['decode_ms']['median'] / peer['decode_ms']['median']:.0%} of the "
         f"peer's step; the target leaves "
         f"{peer['decode_ms']['median'] / result['targets']['decode'] - floor['decode_ms']['median']:.2f} ms per token "
         f"for everything else, {ours['decode_ms']['median'] - floor['decode_ms']['median']:.2f} ms in our file today "
         f"and {peer['decode_ms']['median'] - floor['decode_ms']['median']:.2f} ms in the peer's.",
-        f"Prefill: the matmuls alone take {floor['prefill_ms']['median'] / peer['prefill_ms']['median']:.0%} of the "
+        f"Prefill: the matmuls and norms alone take {floor['prefill_ms']['median'] / peer['prefill_ms']['median']:.0%} of the "
         f"peer's; the target leaves "
         f"{peer['prefill_ms']['median'] / result['targets']['prefill'] - floor['prefill_ms']['median']:.1f} ms for "
         f"everything else, {ours['prefill_ms']['median'] - floor['prefill_ms']['median']:.1f} ms in our file today "
         f"and {peer['prefill_ms']['median'] - floor['prefill_ms']['median']:.1f} ms in the peer's.",
     ]
+    if attention:
+        target = peer["prefill_ms"]["median"] / result["targets"]["prefill"]
+        lines.append(
+            f"With ExecuTorch's attention operators, the least a file spends on a {PROMPT_TOKENS}-token prefill is "
+            f"{attention['prefill_ms']['median']:.1f} ms ({attention['prefill_ms']['median'] / target:.2f}x the "
+            f"prefill target of {target:.1f} ms), and {attention['decode_ms']['median']:.2f} ms a decode step "
+            f"({attention['decode_ms']['median'] / (peer['decode_ms']['median'] / result['targets']['decode']):.2f}x "
+            f"the decode target).")
     return "\n".join(lines) + "\n"
 
 
@@ -176,9 +238,10 @@ def main() -> None:
     if not peer_run.is_file():
         raise SystemExit(f"no {peer_run.name}: run python -m benchmarks.peer --qmode {args.qmode} first")
     exported = json.loads(peer_run.read_text())["export"]
-    floor = build_floor(args.qmode, WORK / f"linears-{args.qmode}.pte")
     files = {name: (ROOT / record["pte"], "file") for name, record in exported.items()}
-    files["weight matmuls only"] = (floor, "floor")
+    files[FLOOR] = (build_floor(args.qmode, WORK / f"linears-{args.qmode}.pte"), "floor")
+    files[FLOOR_SDPA] = (build_floor(args.qmode, WORK / f"linears-sdpa-{args.qmode}.pte", attention=True),
+                         "floor-sdpa")
     result = {
         "qmode": args.qmode,
         "rounds": args.rounds,
