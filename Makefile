@@ -55,7 +55,7 @@ bench-recipes: $(STAMP)
 
 # hub-export against optimum-executorch 1.1.0 (its own venv under benchmarks/work), same models, same runs:
 # SmolLM2 8da4w and 8da8w, a Qwen3-shaped model (8 layers, random weights), then the matmul floor under
-# the 8da4w files and both files' decode with one thread and two; about 100 minutes.
+# the 8da4w files and both files' decode with one thread and two; about 75 minutes (AVX-512 VNNI), 100 (AVX2).
 bench-peer: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da8w

@@ -229,7 +229,7 @@ def markdown(result: dict) -> str:
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--qmode", default="8da4w", choices=["8da4w", "8da8w"])
-    parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--rounds", type=int, default=15)
     args = parser.parse_args()
 
     from hub_export.manifest import machine_description
