@@ -54,13 +54,14 @@ bench-recipes: $(STAMP)
 	$(PY) -m benchmarks.quant_recipes
 
 # hub-export against optimum-executorch 1.1.0 (its own venv under benchmarks/work), same models, same runs:
-# SmolLM2 8da4w and 8da8w, a Qwen3-shaped model (8 layers, random weights), then the matmul floor under
-# the 8da4w files and both files' decode with one thread and two; about 75 minutes (AVX-512 VNNI), 100 (AVX2).
+# SmolLM2 8da4w and 8da8w, a Qwen3-shaped model (8 layers, random weights), then the floors under
+# the 8da4w and 8da8w files and both files' decode with one thread and two; about 90 minutes (AVX-512 VNNI).
 bench-peer: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da8w
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w --family qwen3
 	$(PY) -m benchmarks.decode_floor --qmode 8da4w
+	$(PY) -m benchmarks.decode_floor --qmode 8da8w
 	$(PY) -m benchmarks.thread_scaling
 
 # A batch of two models x two qmodes on a Ray cluster of one node, then two (both on this machine); about 15 minutes.
