@@ -41,12 +41,12 @@ FLOOR_SDPA = "weight matmuls + cache writes + custom_sdpa"
 
 
 def build_floor(qmode: str, path: Path, attention: bool = False) -> Path:
-    """Lower the linears-only program of SmolLM2-135M's shape to ``path`` (cached).
+    """Lower the linears-and-norms program of SmolLM2-135M's shape to ``path`` (cached).
 
     With ``attention``, each layer also writes its keys and values with
     ``llama::update_cache`` and attends with ``llama::custom_sdpa`` over a 256-slot cache,
     as every file built on ExecuTorch's attention operators does; what it leaves out
-    (norms, rotary, embedding) costs little. Its prefill is the least such a file spends.
+    (rotary, embedding) costs little. Its prefill is the least such a file spends.
     """
     if path.is_file():
         return path
@@ -239,8 +239,8 @@ def main() -> None:
         raise SystemExit(f"no {peer_run.name}: run python -m benchmarks.peer --qmode {args.qmode} first")
     exported = json.loads(peer_run.read_text())["export"]
     files = {name: (ROOT / record["pte"], "file") for name, record in exported.items()}
-    files[FLOOR] = (build_floor(args.qmode, WORK / f"linears-{args.qmode}.pte"), "floor")
-    files[FLOOR_SDPA] = (build_floor(args.qmode, WORK / f"linears-sdpa-{args.qmode}.pte", attention=True),
+    files[FLOOR] = (build_floor(args.qmode, WORK / f"normed-{args.qmode}.pte"), "floor")
+    files[FLOOR_SDPA] = (build_floor(args.qmode, WORK / f"normed-sdpa-{args.qmode}.pte", attention=True),
                          "floor-sdpa")
     result = {
         "qmode": args.qmode,
