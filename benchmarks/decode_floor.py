@@ -146,7 +146,7 @@ prompt, steps = int(sys.argv[2]), int(sys.argv[3])
 kind = sys.argv[4]
 def inputs(count, position):
     positions = torch.arange(position, position + count, dtype=torch.long)
-    if kind.startswith("floor"):
+    if kind == "floor":
         return [torch.randn(1, count, 576), positions]
     tokens = torch.tensor([[(17 * i + 5) % 400 + 10 for i in range(count)]], dtype=torch.long)
     return [tokens, positions]
@@ -184,6 +184,8 @@ def markdown(result: dict) -> str:
     timing = result["timing"]
     peer, ours, floor = timing["optimum-executorch"], timing["hub-export"], timing[FLOOR]
     attention = timing.get(FLOOR_SDPA)
+    prefill_target = peer["prefill_ms"]["median"] / result["targets"]["prefill"]
+    decode_target = peer["decode_ms"]["median"] / result["targets"]["decode"]
 
     def cell(figure: dict) -> str:
         return f"{figure['median']:.1f} ({figure['min']:.1f}-{figure['max']:.1f})"
@@ -201,28 +203,25 @@ def markdown(result: dict) -> str:
         *([f"| the same plus cache writes and `custom_sdpa` | {cell(attention['prefill_ms'])} | "
            f"{cell(attention['decode_ms'])} |"] if attention else []),
         f"| target: peer / {result['targets']['prefill']} (prefill), / {result['targets']['decode']} (decode) | "
-        f"{peer['prefill_ms']['median'] / result['targets']['prefill']:.1f} | "
-        f"{peer['decode_ms']['median'] / result['targets']['decode']:.1f} |",
+        f"{prefill_target:.1f} | {decode_target:.1f} |",
         "",
         f"Decode: the matmuls and norms alone take {floor['decode_ms']['median'] / peer['decode_ms']['median']:.0%} of the "
         f"peer's step; the target leaves "
-        f"{peer['decode_ms']['median'] / result['targets']['decode'] - floor['decode_ms']['median']:.2f} ms per token "
+        f"{decode_target - floor['decode_ms']['median']:.2f} ms per token "
         f"for everything else, {ours['decode_ms']['median'] - floor['decode_ms']['median']:.2f} ms in our file today "
         f"and {peer['decode_ms']['median'] - floor['decode_ms']['median']:.2f} ms in the peer's.",
         f"Prefill: the matmuls and norms alone take {floor['prefill_ms']['median'] / peer['prefill_ms']['median']:.0%} of the "
         f"peer's; the target leaves "
-        f"{peer['prefill_ms']['median'] / result['targets']['prefill'] - floor['prefill_ms']['median']:.1f} ms for "
+        f"{prefill_target - floor['prefill_ms']['median']:.1f} ms for "
         f"everything else, {ours['prefill_ms']['median'] - floor['prefill_ms']['median']:.1f} ms in our file today "
         f"and {peer['prefill_ms']['median'] - floor['prefill_ms']['median']:.1f} ms in the peer's.",
     ]
     if attention:
-        target = peer["prefill_ms"]["median"] / result["targets"]["prefill"]
         lines.append(
             f"With ExecuTorch's attention operators, the least a file spends on a {PROMPT_TOKENS}-token prefill is "
-            f"{attention['prefill_ms']['median']:.1f} ms ({attention['prefill_ms']['median'] / target:.2f}x the "
-            f"prefill target of {target:.1f} ms), and {attention['decode_ms']['median']:.2f} ms a decode step "
-            f"({attention['decode_ms']['median'] / (peer['decode_ms']['median'] / result['targets']['decode']):.2f}x "
-            f"the decode target).")
+            f"{attention['prefill_ms']['median']:.1f} ms ({attention['prefill_ms']['median'] / prefill_target:.2f}x "
+            f"the prefill target of {prefill_target:.1f} ms), and {attention['decode_ms']['median']:.2f} ms a decode "
+            f"step ({attention['decode_ms']['median'] / decode_target:.2f}x the decode target).")
     return "\n".join(lines) + "\n"
 
 
@@ -240,8 +239,7 @@ def main() -> None:
     exported = json.loads(peer_run.read_text())["export"]
     files = {name: (ROOT / record["pte"], "file") for name, record in exported.items()}
     files[FLOOR] = (build_floor(args.qmode, WORK / f"normed-{args.qmode}.pte"), "floor")
-    files[FLOOR_SDPA] = (build_floor(args.qmode, WORK / f"normed-sdpa-{args.qmode}.pte", attention=True),
-                         "floor-sdpa")
+    files[FLOOR_SDPA] = (build_floor(args.qmode, WORK / f"normed-sdpa-{args.qmode}.pte", attention=True), "floor")
     result = {
         "qmode": args.qmode,
         "rounds": args.rounds,
