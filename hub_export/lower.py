@@ -7,7 +7,12 @@ from typing import Any, Callable
 
 import torch
 
-from .patches import compact_dependency_viewers, forgetting_tracing_caches, skipping_idle_xnnpack_passes
+from .patches import (
+    compact_dependency_viewers,
+    decomposing_once,
+    forgetting_tracing_caches,
+    skipping_idle_xnnpack_passes,
+)
 
 
 def runner_metadata(
@@ -168,12 +173,14 @@ def to_pte(
 
     inferred_reshapes(program)
     drop_provenance(program)
+    xnnpack = partitioner()
     with forgetting_tracing_caches():
-        with compact_dependency_viewers(), skipping_idle_xnnpack_passes(on_partition):
+        with decomposing_once(program, xnnpack) as decomposed, compact_dependency_viewers(), \
+                skipping_idle_xnnpack_passes(on_partition):
             edge = to_edge_transform_and_lower(
-                program,
+                decomposed or program,
                 transform_passes=[_tag_weights_external(tag)] if tag else None,
-                partitioner=[partitioner()],
+                partitioner=[xnnpack],
                 compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
                 constant_methods=metadata,
             )

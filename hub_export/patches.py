@@ -421,3 +421,59 @@ def forgetting_tracing_caches():
         for key in set(fx_sources) - before:
             del fx_sources[key]
             linecache.cache.pop(key, None)
+
+
+# -- executorch: decompose once -----------------------------------------------------------
+
+
+class _AlreadyDecomposed(torch.export.ExportedProgram):
+    """A program already functional and decomposed: ``run_decompositions({})`` returns it as it is."""
+
+    def run_decompositions(self, decomp_table=None, decompose_custom_triton_ops=False):
+        if decomp_table == {}:
+            return self
+        return super().run_decompositions(decomp_table, decompose_custom_triton_ops)
+
+
+def _refused_nodes(program: torch.export.ExportedProgram, partitioner) -> list[torch.fx.Node]:
+    """Nodes of the ops ``partitioner`` asks to keep whole that it would then refuse to take."""
+    kept, claims = partitioner.ops_to_not_decompose(program)  # its check reads the program it is given
+    if claims is None:
+        return []
+    return [node for node in program.graph.nodes
+            if node.op == "call_function" and node.target in kept and not claims(node)]
+
+
+@guarded("one-decomposition", "executorch", ("1.5.",),
+         upstream="to_edge_transform_and_lower's decomposition (three full re-traces of the program)",
+         without="lowering re-traces the whole program twice more (slower export)", otherwise=None)
+def decomposing_once(program: torch.export.ExportedProgram, partitioner):
+    """Meanwhile, yield ``program`` decomposed in one trace, ready for ``to_edge_transform_and_lower``.
+
+    For a partitioner that checks each node of the ops it keeps whole (XNNPACK does),
+    ``to_edge_transform_and_lower`` traces the program three times: to functionalize it,
+    to decompose all but those ops, and to decompose again the nodes the check refused.
+    Each trace runs every node under FakeTensor with a symbolic sequence length; on
+    SmolLM2 they are most of the time before partitioning. Here the program is
+    decomposed once, keeping those ops; when the check accepts every such node, the
+    other two traces could change nothing, so they are skipped (same ``.pte`` bytes:
+    ``tests/test_lower.py``). When it refuses one, this yields None and the caller
+    lowers the original program the stock way.
+    """
+    from executorch.exir.program._program import _default_decomposition_table
+
+    kept, _ = partitioner.ops_to_not_decompose(program)
+    table = _default_decomposition_table()
+    for op in kept:
+        table.pop(op, None)
+    decomposed = program.run_decompositions(table)
+    if _refused_nodes(decomposed, partitioner):
+        yield None
+        return
+    decomposed.__class__ = _AlreadyDecomposed
+    # With no per-node check left, ExecuTorch keeps the ops whole without re-tracing.
+    partitioner.ops_to_not_decompose = lambda ep: (list(kept), None)
+    try:
+        yield decomposed
+    finally:
+        del partitioner.ops_to_not_decompose

@@ -51,13 +51,13 @@ def test_compact_viewers_are_installed_only_while_lowering():
     assert (fx_partitioner._DependencyViewer, group_partitioner._DependencyViewer) == originals
 
 
-def _lowered_bytes(model_dir, tmp_path, name: str) -> bytes:
+def _lowered_bytes(model_dir, tmp_path, name: str, qmode: str = "8da4w") -> bytes:
     from hub_export import lower, quantize
     from hub_export.build import load_model
     from hub_export.wrap import ExportableDecoder, export_program
 
     model = load_model(model_dir, trust_remote_code=False)
-    quantize.quantize_model(model, "8da4w", "8w", 32)
+    quantize.quantize_model(model, qmode, "8w", 32)
     program = export_program(ExportableDecoder(model, 32))
     path = tmp_path / name
     lower.to_pte(program, lower.runner_metadata(max_seq_len=32, bos_id=1, eos_ids=[2], vocab_size=512, dynamic_shape=True), path)
@@ -75,6 +75,64 @@ def test_skipping_idle_xnnpack_passes_leaves_the_pte_unchanged(tiny_model, tmp_p
     monkeypatch.setattr(lower, "skipping_idle_xnnpack_passes", contextlib.nullcontext)
     every_pass = _lowered_bytes(tiny_model, tmp_path, "every-pass.pte")
     assert skipped == every_pass
+
+
+@pytest.mark.slow  # four full lowerings (about 2 min): make test-all
+@pytest.mark.parametrize("qmode", ["8da4w", "4w"])
+def test_decomposing_once_leaves_the_pte_unchanged(tiny_model, tmp_path, monkeypatch, qmode):
+    """The two traces skipped could change nothing: same bytes as ExecuTorch's three-trace path.
+
+    8da4w has torchao's dynamic-quantization ops kept whole; 4w has the weight-only linear
+    that hub-export's own partitioner config claims.
+    """
+    import contextlib
+
+    from hub_export import lower
+
+    once = _lowered_bytes(tiny_model, tmp_path, "once.pte", qmode)
+    monkeypatch.setattr(lower, "decomposing_once", lambda program, partitioner: contextlib.nullcontext())
+    stock = _lowered_bytes(tiny_model, tmp_path, "stock.pte", qmode)
+    assert once == stock
+
+
+class _Linear(nn.Module):
+    def __init__(self):
+        super().__init__()
+        self.linear = nn.Linear(8, 8)
+
+    def forward(self, x):
+        return self.linear(x)
+
+
+class _DoubleHardswish(nn.Module):
+    def forward(self, x):
+        return nn.functional.hardswish(x.double())  # XNNPACK keeps hardswish whole but has no float64 kernel
+
+
+def test_decomposing_once_yields_a_program_that_needs_no_more_tracing():
+    from hub_export.lower import partitioner
+    from hub_export.patches import decomposing_once
+
+    program = torch.export.export(_Linear(), (torch.randn(2, 8),))
+    xnnpack = partitioner()
+    with decomposing_once(program, xnnpack) as decomposed:
+        assert decomposed is not None and decomposed is not program
+        assert decomposed.run_decompositions({}) is decomposed
+        assert [n.target for n in decomposed.graph.nodes if n.op == "call_function"] == [torch.ops.aten.linear.default]
+        assert xnnpack.ops_to_not_decompose(decomposed)[1] is None
+    assert xnnpack.ops_to_not_decompose(program)[1] is not None  # the partitioner's own check again
+
+
+def test_decomposing_once_gives_way_when_the_partitioner_refuses_a_kept_node(tmp_path):
+    """A hardswish XNNPACK cannot take must be decomposed the stock way; the program still lowers."""
+    from hub_export import lower
+    from hub_export.patches import decomposing_once
+
+    program = torch.export.export(_DoubleHardswish(), (torch.randn(2, 8),))
+    with decomposing_once(program, lower.partitioner()) as decomposed:
+        assert decomposed is None
+    path = tmp_path / "hardswish.pte"
+    assert lower.to_pte(program, {}, path) > 0
 
 
 def test_passes_run_when_their_ops_are_present(monkeypatch):
