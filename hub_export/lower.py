@@ -11,6 +11,7 @@ from .patches import (
     compact_dependency_viewers,
     decomposing_once,
     forgetting_tracing_caches,
+    skipping_idle_edge_passes,
     skipping_idle_xnnpack_passes,
 )
 
@@ -176,7 +177,7 @@ def to_pte(
     xnnpack = partitioner()
     with forgetting_tracing_caches():
         with decomposing_once(program, xnnpack) as decomposed, compact_dependency_viewers(), \
-                skipping_idle_xnnpack_passes(on_partition):
+                skipping_idle_edge_passes(), skipping_idle_xnnpack_passes(on_partition):
             edge = to_edge_transform_and_lower(
                 decomposed or program,
                 transform_passes=[_tag_weights_external(tag)] if tag else None,

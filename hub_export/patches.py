@@ -305,13 +305,14 @@ def _op_names(ops) -> tuple[str, ...]:
     return tuple(op.__name__ for op in ops)
 
 
-def _xnnpack_pass_triggers() -> dict[type, tuple[tuple[str, ...], ...]]:
+def _xnnpack_pass_triggers() -> dict[type, tuple[tuple[str, ...], ...] | Callable[[torch.fx.GraphModule], bool]]:
     """XNNPACK preprocess passes that can only change a graph holding certain ops.
 
     Each entry lists alternatives: the pass can act only if every op of one
     alternative is in the graph. The op lists are the ones each pass's ``call``
     looks for (the pattern passes: every op of their match patterns; the others:
-    the class attributes they scan with).
+    the class attributes they scan with). An entry may instead be a function that
+    tells from the graph whether the pass has anything to do.
     """
     from executorch.backends.transforms.remove_getitem_op import RemoveGetItemPass
     from executorch.backends.xnnpack._passes.conv1d_unsqueeze_pass import Conv1dUnsqueezePass
@@ -323,7 +324,9 @@ def _xnnpack_pass_triggers() -> dict[type, tuple[tuple[str, ...], ...]]:
     from executorch.backends.xnnpack._passes.fuse_activation_pass import FuseActivationPass
     from executorch.backends.xnnpack._passes.fuse_batch_norm import FuseBatchNormPass
     from executorch.backends.xnnpack._passes.prelu_reshape_pass import PReLUReshapePass
+    from executorch.backends.xnnpack._passes.propagate_custom_meta_pass import PropagateCustomMetaPass
     from executorch.backends.xnnpack._passes.remove_redundant_copy_pass import RemoveRedundantCopyPass
+    from executorch.exir.passes.memory_format_ops_pass import DimOrderOpsRevertPass, MemoryFormatOpsMap
 
     batch_norms = tuple((name,) for name in _op_names(DecomposeBatchNorm.BATCH_NORM_OPS))
     return {
@@ -338,7 +341,17 @@ def _xnnpack_pass_triggers() -> dict[type, tuple[tuple[str, ...], ...]]:
         Conv1dUnsqueezePass: (("aten.convolution.default",),),
         PReLUReshapePass: (("aten._prelu_kernel.default",),),
         RemoveRedundantCopyPass: (("aten._to_copy.default",),),
+        DimOrderOpsRevertPass: tuple((name,) for name in _op_names(MemoryFormatOpsMap)),
+        PropagateCustomMetaPass: _custom_meta_to_propagate,
     }
+
+
+def _custom_meta_to_propagate(graph_module: torch.fx.GraphModule) -> bool:
+    """Whether a quantize or dequantize node has a parent with ``meta["custom"]`` (what PropagateCustomMetaPass copies)."""
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant
+
+    return any((is_quant(node) or is_dequant(node)) and node.args and isinstance(node.args[0], torch.fx.Node)
+               and "custom" in node.args[0].meta for node in graph_module.graph.nodes)
 
 
 def _graph_op_names(graph: torch.fx.Graph) -> set[str]:
@@ -370,10 +383,12 @@ def skipping_idle_xnnpack_passes(on_partition: Callable[[], None] | None = None)
             on_partition()  # XNNPACK preprocesses each partition through here: progress within lowering
         program = self.exported_program
         for pass_type in self.passes:
-            alternatives = triggers.get(pass_type)
-            if alternatives is not None:
+            trigger = triggers.get(pass_type)
+            if callable(trigger) and not trigger(program.graph_module):
+                continue
+            if isinstance(trigger, tuple):
                 present = _graph_op_names(program.graph_module.graph)
-                if not any(all(op in present for op in ops) for ops in alternatives):
+                if not any(all(op in present for op in ops) for ops in trigger):
                     continue
             if issubclass(pass_type, xnnpack_passes.XNNPACKPass):
                 program = _transform(program, pass_type(program))
@@ -477,3 +492,117 @@ def decomposing_once(program: torch.export.ExportedProgram, partitioner):
         yield decomposed
     finally:
         del partitioner.ops_to_not_decompose
+
+
+# -- executorch: skip idle ATen-to-Edge passes ----------------------------------------------
+
+
+def _tensor_slots(node: torch.fx.Node):
+    """(value, schema argument) for each argument of ``node`` whose schema type is a Tensor."""
+    schema = node.target._schema
+    for index, argument in enumerate(schema.arguments):
+        if not isinstance(argument.type, torch.TensorType):
+            continue
+        if argument.name in node.kwargs:
+            yield node.kwargs[argument.name]
+        elif not argument.kwarg_only and index < len(node.args):
+            yield node.args[index]
+
+
+def _operator_nodes(graph_module: torch.fx.GraphModule):
+    return (node for node in graph_module.graph.nodes
+            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload))
+
+
+def _example(graph_module: torch.fx.GraphModule, value):
+    """What a pass sees of an argument: a node's (fake) tensor or symbol, a constant's tensor, a literal."""
+    if isinstance(value, torch.fx.Node):
+        if value.op == "get_attr":
+            return getattr(graph_module, value.target, None)
+        return value.meta.get("val")
+    return value
+
+
+def _transposes(graph_module) -> bool:
+    return any(node.target == torch.ops.aten.t.default for node in _operator_nodes(graph_module))
+
+
+def _views(graph_module) -> bool:
+    return any(node.target.is_view for node in _operator_nodes(graph_module))
+
+
+def _symbols_as_tensors(graph_module) -> bool:
+    symbols = (torch.SymInt, torch.SymFloat, torch.SymBool)
+    return any(isinstance(_example(graph_module, value), symbols)
+               for node in _operator_nodes(graph_module) for value in _tensor_slots(node))
+
+
+def _mixed_types(graph_module) -> bool:
+    """Whether RemoveMixedTypeOperators would cast an argument (it computes the same promotion)."""
+    from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
+    from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
+
+    aten, default = torch.ops.aten, ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+    kinds = {aten.add.Tensor: default, aten.mul.Tensor: default, aten.sub.Tensor: default,
+             aten.div.Tensor: ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT, aten.div.Tensor_mode: default,
+             aten.minimum.default: default}
+    del RemoveMixedTypeOperators  # the pass whose allow-list ``kinds`` copies (executorch 1.5)
+    for node in _operator_nodes(graph_module):
+        if node.target not in kinds or len(node.args) <= 1:
+            continue
+        slots = [_example(graph_module, value) for value in _tensor_slots(node)]
+        if not all(isinstance(value, torch.Tensor) for value in slots):
+            return True  # a literal or symbol in a tensor slot would be converted
+        kind = kinds[node.target]
+        if node.target == aten.div.Tensor_mode and node.kwargs.get("rounding_mode") is None:
+            kind = ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT
+        arguments = [_example(graph_module, value) for value in node.args]
+        promoted = elementwise_dtypes(*arguments, type_promotion_kind=kind)[1]
+        if any(value.dtype != promoted for value in slots):
+            return True
+    return False
+
+
+def _edge_pass_triggers() -> dict[type, Callable[[torch.fx.GraphModule], bool]]:
+    """ATen-to-Edge passes that rewrite only nodes of a certain kind, and how to find such a node."""
+    from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
+    from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
+    from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import ReplaceBrokenOpsWithFunctionalOpsPass
+    from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
+
+    return {
+        NormalizeTransposePass: _transposes,
+        ReplaceBrokenOpsWithFunctionalOpsPass: _views,
+        SymToTensorPass: _symbols_as_tensors,
+        RemoveMixedTypeOperators: _mixed_types,
+    }
+
+
+@guarded("idle-edge-passes", "executorch", ("1.5.",), upstream="executorch's ATen-to-Edge passes",
+         without="four more re-traces of the whole program before partitioning (slower lowering)")
+def skipping_idle_edge_passes():
+    """Meanwhile, the ATen-to-Edge passes that would find nothing to rewrite are skipped.
+
+    Each is an ExportPass: it re-traces the whole program under FakeTensor even when no
+    node is of the kind it rewrites. On a decoder, four of them never find one, and on
+    SmolLM2 each re-trace costs about as much as a decomposition. The triggers are
+    checked on the graph as it is when each pass's turn comes (same ``.pte`` bytes:
+    ``tests/test_lower.py``).
+    """
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    originals = {}
+    for pass_type, acts_on in _edge_pass_triggers().items():
+        original = originals[pass_type] = pass_type.call
+
+        def call(self, graph_module, _original=original, _acts_on=acts_on):
+            if not _acts_on(graph_module):
+                return PassResult(graph_module, False)
+            return _original(self, graph_module)
+
+        pass_type.call = call
+    try:
+        yield
+    finally:
+        for pass_type, original in originals.items():
+            pass_type.call = original

@@ -51,7 +51,7 @@ def test_compact_viewers_are_installed_only_while_lowering():
     assert (fx_partitioner._DependencyViewer, group_partitioner._DependencyViewer) == originals
 
 
-def _lowered_bytes(model_dir, tmp_path, name: str, qmode: str = "8da4w") -> bytes:
+def _lowered_bytes(model_dir, tmp_path, name: str, qmode: str = "8da4w", shared: bool = False) -> bytes:
     from hub_export import lower, quantize
     from hub_export.build import load_model
     from hub_export.wrap import ExportableDecoder, export_program
@@ -60,8 +60,10 @@ def _lowered_bytes(model_dir, tmp_path, name: str, qmode: str = "8da4w") -> byte
     quantize.quantize_model(model, qmode, "8w", 32)
     program = export_program(ExportableDecoder(model, 32))
     path = tmp_path / name
-    lower.to_pte(program, lower.runner_metadata(max_seq_len=32, bos_id=1, eos_ids=[2], vocab_size=512, dynamic_shape=True), path)
-    return path.read_bytes()
+    data_path = path.with_suffix(".ptd") if shared else None
+    lower.to_pte(program, lower.runner_metadata(max_seq_len=32, bos_id=1, eos_ids=[2], vocab_size=512, dynamic_shape=True),
+                 path, data_path)
+    return path.read_bytes() + (data_path.read_bytes() if shared else b"")
 
 
 @pytest.mark.slow  # two full lowerings (110 s): make test-all
@@ -77,22 +79,24 @@ def test_skipping_idle_xnnpack_passes_leaves_the_pte_unchanged(tiny_model, tmp_p
     assert skipped == every_pass
 
 
-@pytest.mark.slow  # four full lowerings (about 2 min): make test-all
-@pytest.mark.parametrize("qmode", ["8da4w", "4w"])
-def test_decomposing_once_leaves_the_pte_unchanged(tiny_model, tmp_path, monkeypatch, qmode):
-    """The two traces skipped could change nothing: same bytes as ExecuTorch's three-trace path.
+@pytest.mark.slow  # six full lowerings (about 3 min): make test-all
+@pytest.mark.parametrize("qmode, shared", [("8da4w", False), ("4w", False), ("8da4w", True)])
+def test_skipped_traces_leave_the_pte_unchanged(tiny_model, tmp_path, monkeypatch, qmode, shared):
+    """One decomposition and no idle ATen-to-Edge pass: same bytes as ExecuTorch's own path.
 
     8da4w has torchao's dynamic-quantization ops kept whole; 4w has the weight-only linear
-    that hub-export's own partitioner config claims.
+    that hub-export's own partitioner config claims; a shared data file tags the weights
+    with the custom metadata that one XNNPACK pass copies.
     """
     import contextlib
 
     from hub_export import lower
 
-    once = _lowered_bytes(tiny_model, tmp_path, "once.pte", qmode)
+    fast = _lowered_bytes(tiny_model, tmp_path, "fast.pte", qmode, shared)
     monkeypatch.setattr(lower, "decomposing_once", lambda program, partitioner: contextlib.nullcontext())
-    stock = _lowered_bytes(tiny_model, tmp_path, "stock.pte", qmode)
-    assert once == stock
+    monkeypatch.setattr(lower, "skipping_idle_edge_passes", contextlib.nullcontext)
+    stock = _lowered_bytes(tiny_model, tmp_path, "stock.pte", qmode, shared)
+    assert fast == stock
 
 
 class _Linear(nn.Module):
@@ -133,6 +137,41 @@ def test_decomposing_once_gives_way_when_the_partitioner_refuses_a_kept_node(tmp
         assert decomposed is None
     path = tmp_path / "hardswish.pte"
     assert lower.to_pte(program, {}, path) > 0
+
+
+class _EdgePassFodder(nn.Module):
+    """One node of each kind an idle-skipped ATen-to-Edge pass rewrites."""
+
+    def forward(self, x, count):
+        return x.view(-1) * count.int(), x + x.shape[0]
+
+
+def test_edge_pass_triggers_find_the_nodes_their_passes_rewrite():
+    from hub_export.patches import _mixed_types, _symbols_as_tensors, _transposes, _views
+
+    x = torch.randn(2, 3)
+    plain = torch.export.export(nn.Linear(3, 3), (x,)).run_decompositions({}).graph_module
+    assert not any(found(plain) for found in (_mixed_types, _symbols_as_tensors, _transposes, _views))
+
+    fodder = torch.export.export(_EdgePassFodder(), (x, torch.tensor(2.0)),
+                                 dynamic_shapes=({0: torch.export.Dim("rows")}, None)).run_decompositions({}).graph_module
+    assert _views(fodder) and _mixed_types(fodder) and _symbols_as_tensors(fodder)
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(torch.ops.aten.t.default, (graph.placeholder("x"),)))
+    assert _transposes(torch.fx.GraphModule({}, graph))
+
+
+def test_idle_edge_passes_are_skipped_only_while_lowering():
+    from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
+
+    from hub_export.patches import skipping_idle_edge_passes
+
+    stock = SymToTensorPass.call
+    graph_module = torch.export.export(nn.Linear(3, 3), (torch.randn(2, 3),)).run_decompositions({}).graph_module
+    with skipping_idle_edge_passes():
+        result = SymToTensorPass()(graph_module)
+        assert result.graph_module is graph_module and not result.modified  # nothing re-traced
+    assert SymToTensorPass.call is stock
 
 
 def test_passes_run_when_their_ops_are_present(monkeypatch):
