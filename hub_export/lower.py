@@ -175,9 +175,9 @@ def to_pte(
     inferred_reshapes(program)
     drop_provenance(program)
     xnnpack = partitioner()
-    with forgetting_tracing_caches():
+    with forgetting_tracing_caches(), skipping_idle_edge_passes():
         with decomposing_once(program, xnnpack) as decomposed, compact_dependency_viewers(), \
-                skipping_idle_edge_passes(), skipping_idle_xnnpack_passes(on_partition):
+                skipping_idle_xnnpack_passes(on_partition):
             edge = to_edge_transform_and_lower(
                 decomposed or program,
                 transform_passes=[_tag_weights_external(tag)] if tag else None,

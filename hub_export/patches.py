@@ -563,8 +563,15 @@ def _mixed_types(graph_module) -> bool:
     return False
 
 
+def _portable_layout_ops(graph_module) -> bool:
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
+
+    return any(node.target in LegalizePortableDimOrderPass._target_ops for node in graph_module.graph.nodes)
+
+
 def _edge_pass_triggers() -> dict[type, Callable[[torch.fx.GraphModule], bool]]:
-    """ATen-to-Edge passes that rewrite only nodes of a certain kind, and how to find such a node."""
+    """Edge-dialect passes that rewrite only nodes of a certain kind, and how to find such a node."""
+    from executorch.exir.passes.legalize_portable_dim_order_pass import LegalizePortableDimOrderPass
     from executorch.exir.passes.normalize_transpose_pass import NormalizeTransposePass
     from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
     from executorch.exir.passes.replace_broken_ops_with_function_ops_pass import ReplaceBrokenOpsWithFunctionalOpsPass
@@ -575,17 +582,19 @@ def _edge_pass_triggers() -> dict[type, Callable[[torch.fx.GraphModule], bool]]:
         ReplaceBrokenOpsWithFunctionalOpsPass: _views,
         SymToTensorPass: _symbols_as_tensors,
         RemoveMixedTypeOperators: _mixed_types,
+        LegalizePortableDimOrderPass: _portable_layout_ops,  # in to_executorch, on the ops left outside delegates
     }
 
 
-@guarded("idle-edge-passes", "executorch", ("1.5.",), upstream="executorch's ATen-to-Edge passes",
-         without="four more re-traces of the whole program before partitioning (slower lowering)")
+@guarded("idle-edge-passes", "executorch", ("1.5.",), upstream="executorch's ATen-to-Edge and dim-order passes",
+         without="five more re-traces of the whole program (slower lowering)")
 def skipping_idle_edge_passes():
     """Meanwhile, the ATen-to-Edge passes that would find nothing to rewrite are skipped.
 
     Each is an ExportPass: it re-traces the whole program under FakeTensor even when no
-    node is of the kind it rewrites. On a decoder, four of them never find one, and on
-    SmolLM2 each re-trace costs about as much as a decomposition. The triggers are
+    node is of the kind it rewrites. On a decoder, four of the ATen-to-Edge passes and
+    ``to_executorch``'s dim-order legalization never find one, and on SmolLM2 each
+    re-trace costs about as much as a decomposition. The triggers are
     checked on the graph as it is when each pass's turn comes (same ``.pte`` bytes:
     ``tests/test_lower.py``).
     """

@@ -160,6 +160,14 @@ def test_edge_pass_triggers_find_the_nodes_their_passes_rewrite():
     graph.output(graph.call_function(torch.ops.aten.t.default, (graph.placeholder("x"),)))
     assert _transposes(torch.fx.GraphModule({}, graph))
 
+    from executorch.exir.dialects._ops import ops as exir_ops
+
+    from hub_export.patches import _portable_layout_ops
+
+    graph = torch.fx.Graph()
+    graph.output(graph.call_function(exir_ops.edge.aten.mean.dim, (graph.placeholder("x"), [0])))
+    assert _portable_layout_ops(torch.fx.GraphModule({}, graph)) and not _portable_layout_ops(plain)
+
 
 def test_idle_edge_passes_are_skipped_only_while_lowering():
     from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
