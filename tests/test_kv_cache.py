@@ -285,3 +285,15 @@ def test_a_hostile_memory_record_is_a_one_line_error(sink_export, field, value, 
     with pytest.raises(InputError) as raised:
         Manifest.from_dict(data)
     assert message in str(raised.value) and "\n" not in str(raised.value)
+
+
+def test_only_full_caches_are_traced_non_strict():
+    """Ring, windowed and sink caches guard on ``min`` over the sequence length, which only TorchDynamo's tracing can prove."""
+    from hub_export.wrap import needs_strict_tracing
+
+    config = gemma3_config()
+    assert needs_strict_tracing(plan_layers(config, 64))  # a ring layer
+    assert needs_strict_tracing(plan_layers(config, 64, "full"))  # no ring, but a sliding window's mask
+    llama = transformers.LlamaConfig(**COMMON)
+    assert not needs_strict_tracing(plan_layers(llama, 64))
+    assert needs_strict_tracing(plan_layers(llama, SINK + SINK_WINDOW, sink=(SINK, SINK_WINDOW)))

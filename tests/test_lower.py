@@ -99,6 +99,16 @@ def test_skipped_traces_leave_the_pte_unchanged(tiny_model, tmp_path, monkeypatc
     assert fast == stock
 
 
+@pytest.mark.slow  # two full lowerings (about 1 min): make test-all
+def test_non_strict_export_gives_the_strict_pte(tiny_model, tmp_path, monkeypatch):
+    """TorchDynamo's strict tracing, which the export used before, gives the same bytes, only slower."""
+    non_strict = _lowered_bytes(tiny_model, tmp_path, "non-strict.pte")
+    stock = torch.export.export
+    monkeypatch.setattr(torch.export, "export", lambda *args, **kwargs: stock(*args, **{**kwargs, "strict": True}))
+    strict = _lowered_bytes(tiny_model, tmp_path, "strict.pte")
+    assert non_strict == strict
+
+
 class _Linear(nn.Module):
     def __init__(self):
         super().__init__()
