@@ -224,7 +224,8 @@ def main() -> None:
     peer_venv()
     source = source_folder(args.family)
     name = run_name(args.family, args.qmode)
-    previous = RESULTS / f"peer-{name}.json"
+    results_name = f"peer-{name}" + ("-one-at-a-time" if args.one_at_a_time else "")  # each layout keeps its table
+    previous = RESULTS / f"{results_name}.json"
     if args.speed_only and previous.is_file():
         exported = json.loads(previous.read_text())["export"]
         layout = json.loads(previous.read_text())["export_layout"]
@@ -243,9 +244,11 @@ def main() -> None:
         "peer_versions": peer_versions(),
         "machine": machine_description(),
         "command": f"python -m benchmarks.peer --qmode {args.qmode}"
-                   + (f" --family {args.family}" if args.family != "smollm2" else ""),
+                   + (f" --family {args.family}" if args.family != "smollm2" else "")
+                   + (" --one-at-a-time" if args.one_at_a_time else "")
+                   + (f" --rounds {args.rounds}" if args.rounds != 9 else ""),
     }
-    write_results(f"peer-{name}", result, markdown(result))
+    write_results(results_name, result, markdown(result))
 
 
 if __name__ == "__main__":
