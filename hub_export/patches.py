@@ -4,8 +4,8 @@ Each patch below was measured and is tested; each names the upstream code it wor
 around and the versions it was written against. On other versions it is not applied:
 the export still works, only slower or with more memory, and says so once. After a
 torch, ExecuTorch or transformers upgrade, this is the file to check: rerun
-``tests/test_lower.py`` (same bytes with and without the pass skipping) and the
-benchmarks, then widen the versions below.
+``tests/test_lower.py`` with ``make test-all`` (same bytes with and without each
+skipped trace or pass) and the benchmarks, then widen the versions below.
 """
 
 from __future__ import annotations
