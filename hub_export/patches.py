@@ -539,14 +539,13 @@ def _symbols_as_tensors(graph_module) -> bool:
 
 def _mixed_types(graph_module) -> bool:
     """Whether RemoveMixedTypeOperators would cast an argument (it computes the same promotion)."""
-    from executorch.exir.passes.remove_mixed_type_operators import RemoveMixedTypeOperators
     from torch._prims_common import ELEMENTWISE_TYPE_PROMOTION_KIND, elementwise_dtypes
 
     aten, default = torch.ops.aten, ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
+    # The pass's own allow-list (executorch 1.5), which it keeps inside its call_operator.
     kinds = {aten.add.Tensor: default, aten.mul.Tensor: default, aten.sub.Tensor: default,
              aten.div.Tensor: ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT, aten.div.Tensor_mode: default,
              aten.minimum.default: default}
-    del RemoveMixedTypeOperators  # the pass whose allow-list ``kinds`` copies (executorch 1.5)
     for node in _operator_nodes(graph_module):
         if node.target not in kinds or len(node.args) <= 1:
             continue
