@@ -156,7 +156,7 @@ def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
 
     A model whose every layer keeps a full cache is traced non-strict: its Python runs as
     it is, with fake tensors, instead of through TorchDynamo's bytecode tracing, which
-    took about 4x longer on SmolLM2 for the same graph (the same ``.pte`` bytes:
+    took about 3x longer on 8 SmolLM2 layers for the same graph (the same ``.pte`` bytes:
     ``tests/test_lower.py``). Ring, windowed and sink caches index their slots with
     ``min`` over the sequence length, which non-strict tracing turns into guards it
     cannot prove for every length; those go through TorchDynamo.
