@@ -497,16 +497,19 @@ def decomposing_once(program: torch.export.ExportedProgram, partitioner):
 # -- executorch: skip idle ATen-to-Edge passes ----------------------------------------------
 
 
-def _tensor_slots(node: torch.fx.Node):
-    """(value, schema argument) for each argument of ``node`` whose schema type is a Tensor."""
-    schema = node.target._schema
-    for index, argument in enumerate(schema.arguments):
-        if not isinstance(argument.type, torch.TensorType):
-            continue
-        if argument.name in node.kwargs:
-            yield node.kwargs[argument.name]
-        elif not argument.kwarg_only and index < len(node.args):
-            yield node.args[index]
+def _tensor_slots(node: torch.fx.Node) -> list:
+    """The arguments of ``node`` whose schema type is a Tensor, found as the Edge passes find them."""
+    from executorch.exir.pass_base import map_args
+
+    slots = []
+
+    def collect(value, argument):
+        if isinstance(argument.type, torch.TensorType):
+            slots.append(value)
+        return value
+
+    map_args(node.target, collect, tuple(node.args), dict(node.kwargs))
+    return slots
 
 
 def _operator_nodes(graph_module: torch.fx.GraphModule):
