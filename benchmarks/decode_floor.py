@@ -163,19 +163,30 @@ print(json.dumps({"prefill_ms": prefill * 1e3, "decode_ms": statistics.median(ti
 """
 
 
-def one_round(pte: Path, kind: str, threads: int | None = None) -> dict:
+def round_env(stock_mkl: bool = False) -> dict[str, str]:
+    """A round's environment: hub-export's ``.pte`` process (MKL on one thread), or the caller's as it is."""
+    import os
+
+    from hub_export.process_env import pte_process_env
+
+    if stock_mkl:
+        return {key: value for key, value in os.environ.items() if key != "MKL_NUM_THREADS"}
+    return pte_process_env()
+
+
+def one_round(pte: Path, kind: str, threads: int | None = None, stock_mkl: bool = False) -> dict:
     """One fresh process: a prefill (after one untimed), then the median decode step; ``threads`` sizes the pool."""
     extra = [str(threads)] if threads else []
     done = subprocess.run([sys.executable, "-c", _ROUND, str(pte), str(PROMPT_TOKENS), str(DECODE_STEPS), kind, *extra],
-                          capture_output=True, text=True, check=True, cwd=ROOT)
+                          capture_output=True, text=True, check=True, cwd=ROOT, env=round_env(stock_mkl))
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
-def measure(files: dict[str, tuple[Path, str]], rounds: int) -> dict:
+def measure(files: dict[str, tuple[Path, str]], rounds: int, stock_mkl: bool = False) -> dict:
     runs: dict[str, list[dict]] = {name: [] for name in files}
     for _ in range(rounds):
         for name, (pte, kind) in files.items():
-            runs[name].append(one_round(pte, kind))
+            runs[name].append(one_round(pte, kind, stock_mkl=stock_mkl))
     return {name: {"prefill_ms": spread([r["prefill_ms"] for r in got], digits=2),
                    "decode_ms": spread([r["decode_ms"] for r in got], digits=2)} for name, got in runs.items()}
 
@@ -193,7 +204,8 @@ def markdown(result: dict) -> str:
     lines = [
         f"Per-call time in ms, median (range) of {result['rounds']} fresh processes, alternated; "
         f"{result['qmode']}, SmolLM2-135M shapes; prefill {PROMPT_TOKENS} tokens, decode the median of "
-        f"{DECODE_STEPS} steps; {result['machine']}; `{result['command']}`:",
+        f"{DECODE_STEPS} steps; torch's MKL threads in each process: {result.get('mkl_num_threads', 'default')}; "
+        f"{result['machine']}; `{result['command']}`:",
         "",
         "| | prefill | decode step |",
         "|---|---|---|",
@@ -229,6 +241,8 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--qmode", default="8da4w", choices=["8da4w", "8da8w"])
     parser.add_argument("--rounds", type=int, default=15)
+    parser.add_argument("--stock-mkl", action="store_true",
+                        help="Leave torch's MKL threads at its default in the rounds (hub-export runs .pte files with one).")
     args = parser.parse_args()
 
     from hub_export.manifest import machine_description
@@ -243,12 +257,14 @@ def main() -> None:
     result = {
         "qmode": args.qmode,
         "rounds": args.rounds,
-        "timing": measure(files, args.rounds),
+        "timing": measure(files, args.rounds, args.stock_mkl),
+        "mkl_num_threads": round_env(args.stock_mkl).get("MKL_NUM_THREADS", "default"),
         "targets": {"decode": 1.25, "prefill": 1.5},
         "machine": machine_description(),
-        "command": f"python -m benchmarks.decode_floor --qmode {args.qmode}",
+        "command": f"python -m benchmarks.decode_floor --qmode {args.qmode}" + (" --stock-mkl" if args.stock_mkl else "")
+                   + (f" --rounds {args.rounds}" if args.rounds != 15 else ""),
     }
-    write_results(f"decode-floor-{args.qmode}", result, markdown(result))
+    write_results(f"decode-floor-{args.qmode}" + ("-stock-mkl" if args.stock_mkl else ""), result, markdown(result))
 
 
 if __name__ == "__main__":

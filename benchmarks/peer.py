@@ -16,7 +16,8 @@
    exports run at once (one core each) unless ``--one-at-a-time``; wall time and peak
    RSS of each. hub-export's time includes its verification; the peer verifies nothing.
 3. Speed: ExecuTorch's C++ ``TextLLMRunner`` (our venv's binding) on both files, a
-   fresh process per round, rounds alternated (``--rounds``, default 9 each), a
+   fresh process per round (hub-export's runner process, ``hub_export/process_env.py``:
+   torch's MKL on one thread, for both files), rounds alternated (``--rounds``, default 9 each), a
    60-token prompt and 63 new tokens; median and range of prefill and decode tok/s.
 
 Writes ``benchmarks/results/peer-QMODE.{json,md}`` (``peer-FAMILY-QMODE`` for the other families). A benchmark, not a test.
@@ -136,22 +137,17 @@ def export_both(source: Path, qmode: str, at_once: bool, name: str) -> dict:
     return results
 
 
-_ROUND = """
-import json, sys
-from hub_export.runtime import runner_generate
-print(json.dumps(runner_generate(sys.argv[1], sys.argv[2], sys.argv[3], int(sys.argv[4]))))
-"""
-
-
 def one_round(pte: Path, tokenizer: Path, prompt: str) -> dict:
-    done = subprocess.run([sys.executable, "-c", _ROUND, str(pte), str(tokenizer), prompt, str(NEW_TOKENS)],
-                          capture_output=True, text=True, check=True)
-    stats = json.loads(done.stdout.strip().splitlines()[-1])
+    """One generation in a fresh runner process (:func:`hub_export.runtime.runner_generate`)."""
+    from hub_export.runtime import runner_generate
+
+    stats = runner_generate(pte, tokenizer, prompt, NEW_TOKENS)
     prefill_ms = stats["prompt_eval_end_ms"] - stats["inference_start_ms"]
     decode_ms = stats["inference_end_ms"] - stats["first_token_ms"]
     return {"prompt_tokens": stats["prompt_tokens"], "generated_tokens": stats["generated_tokens"],
             "prefill": stats["prompt_tokens"] * 1000 / prefill_ms,
-            "decode": (stats["generated_tokens"] - 1) * 1000 / decode_ms}
+            "decode": (stats["generated_tokens"] - 1) * 1000 / decode_ms,
+            "mkl_num_threads": stats.get("mkl_num_threads")}
 
 
 def measure_speed(files: dict[str, Path], tokenizer: Path, rounds: int) -> dict:
@@ -166,6 +162,7 @@ def measure_speed(files: dict[str, Path], tokenizer: Path, rounds: int) -> dict:
             runs[name].append(one_round(pte, tokenizer, prompt))
     return {
         name: {"prompt_tokens": got[0]["prompt_tokens"], "generated_tokens": got[0]["generated_tokens"],
+               "mkl_num_threads": got[0]["mkl_num_threads"],
                "prefill_tokens_per_s": spread([r["prefill"] for r in got]),
                "decode_tokens_per_s": spread([r["decode"] for r in got])}
         for name, got in runs.items()

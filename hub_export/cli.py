@@ -20,6 +20,7 @@ from rich.table import Table
 from .card import human_size
 from .errors import HubExportError, first_line
 from .options import ExportOptions, option_fields
+from .process_env import prepare_pte_process
 from .quiet import quiet_libraries, quiet_torch
 
 app = typer.Typer(
@@ -183,6 +184,7 @@ def generate(
     token: Optional[str] = typer.Option(None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False),
 ):
     """Stream text from an exported model and report prefill/decode tokens/s."""
+    prepare_pte_process()
     quiet_torch()
     from .generate import Sampling, generate as run_generate
 

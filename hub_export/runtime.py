@@ -17,6 +17,7 @@ from pathlib import Path
 import torch
 
 from .errors import InputError, VerificationError
+from .process_env import pte_process_env
 
 # What every ExecuTorch program starts with (executorch/exir/_serialize/_program.py and
 # schema/program.fbs): a flatbuffer root offset (u32), the file identifier "ET" + two
@@ -264,26 +265,41 @@ def data_file_of(pte: Path) -> Path | None:
     return candidate if candidate.is_file() else None
 
 
+RUNNER_PROBE = Path(__file__).with_name("runner_probe.py")
+RUNNER_TIMEOUT_S = 900.0
+
+
 def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens: int) -> dict:
     """Generate greedily with ExecuTorch's C++ ``TextLLMRunner``; returns its stats.
 
-    Token text is not collected here: the runner hands tokens to Python as ``str`` and
-    raises on a token that ends inside a UTF-8 character (see :mod:`hub_export.generate`).
-    """
-    stats: list[dict] = []
-    with quiet_native_output():
-        _load_kernels()
-        from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
+    The runner works in a fresh process (``hub_export/runner_probe.py``, environment
+    :data:`hub_export.process_env.PTE_PROCESS_ENV`), so its prefill and decode rates are the file's own, whatever
+    this process has imported or set. Token text is not collected here: the runner hands
+    tokens to Python as ``str`` and raises on a token that ends inside a UTF-8 character
+    (see :mod:`hub_export.generate`).
 
-        data = data_file_of(pte)
-        check_loadable(pte, data)
-        runner = TextLLMRunner(str(pte), str(tokenizer_json), str(data) if data else None)
-        runner.generate(
-            prompt,
-            GenerationConfig(max_new_tokens=max_new_tokens, temperature=0.0, echo=False),
-            stats_callback=lambda s: stats.append(json.loads(s.to_json_string())),
-        )
-    return stats[-1] if stats else {}
+    Raises:
+        InputError: ``pte`` (or its ``.ptd``) is not a loadable ExecuTorch file.
+        RuntimeError: the runner failed; the message is its last line of output.
+    """
+    pte = Path(pte)
+    data = data_file_of(pte)
+    _load_kernels()  # the load check runs this process's kernel registry
+    check_loadable(pte, data)
+    with tempfile.TemporaryDirectory(prefix="hub-export-runner-") as scratch:
+        out = Path(scratch) / "stats.json"
+        command = [sys.executable, str(RUNNER_PROBE), str(pte), str(tokenizer_json), str(int(max_new_tokens)), str(out)]
+        try:
+            # stdout: the runner prints the tokens it generates, bytes that need not be UTF-8
+            done = subprocess.run([*command, *([str(data)] if data else [])], input=prompt.encode(),
+                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=pte_process_env(),
+                                  timeout=RUNNER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise RuntimeError(f"the runner did not finish within {RUNNER_TIMEOUT_S:.0f} s") from None
+        if done.returncode != 0 or not out.is_file():
+            lines = [line for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
+            raise RuntimeError(lines[-1].strip() if lines else f"the runner exited with status {done.returncode}")
+        return json.loads(out.read_text())
 
 
 # -- memory ------------------------------------------------------------------------------
@@ -310,7 +326,8 @@ class MemoryProbe:
         self.process = None
         if Path("/proc/self/clear_refs").exists():
             self.process = subprocess.Popen([sys.executable, str(MEMORY_PROBE), "-"], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
+                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
+                                            env=pte_process_env())
 
     def measure(self, pte: str | Path, extra_tokens: int = 0) -> dict | None:
         """The peak RSS growth while running ``pte`` to full context (plus ``extra_tokens``), or None."""

@@ -1,0 +1,31 @@
+"""The environment of a process that runs ``.pte`` files, set before torch loads.
+
+ExecuTorch's LLM kernels library (``custom_sdpa``) finds BLAS's ``sgemm_`` in the MKL
+inside torch, and MKL starts an OpenMP team inside each thread of ExecuTorch's own pool:
+with two of each on two cores, a 60-token SmolLM2 prefill spends 40-100 ms in attention
+instead of 8-9 (``benchmarks/results/peer-notes.md``). ExecuTorch's pool already uses every
+core, so MKL gets one thread. MKL reads this once, when torch loads: a process that has
+loaded torch cannot change it, and an exporting process would not want to (its eager
+matmuls halve in speed), so it is set in fresh processes and in ``hub-export generate``.
+"""
+
+from __future__ import annotations
+
+import os
+import sys
+
+PTE_PROCESS_ENV = {"MKL_NUM_THREADS": "1"}
+
+
+def pte_process_env() -> dict[str, str]:
+    """``os.environ`` plus :data:`PTE_PROCESS_ENV`: the environment to start a ``.pte``-running process with."""
+    return {**os.environ, **PTE_PROCESS_ENV}
+
+
+def prepare_pte_process() -> bool:
+    """Give this process :data:`PTE_PROCESS_ENV` where the user has not set it; False once torch is loaded."""
+    if "torch" in sys.modules:
+        return False
+    for name, value in PTE_PROCESS_ENV.items():
+        os.environ.setdefault(name, value)
+    return True
