@@ -63,6 +63,7 @@ bench-peer: $(STAMP)
 	$(PY) -m benchmarks.decode_floor --qmode 8da4w
 	$(PY) -m benchmarks.decode_floor --qmode 8da8w
 	$(PY) -m benchmarks.thread_scaling
+	$(PY) -m benchmarks.sdpa_threads
 
 # A batch of two models x two qmodes on a Ray cluster of one node, then two (both on this machine); about 15 minutes.
 bench-cluster: $(STAMP)

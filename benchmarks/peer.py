@@ -195,7 +195,8 @@ def markdown(result: dict) -> str:
         f"{FAMILIES[result.get('family', 'smollm2')]}, {result['qmode']} + 8-bit embeddings, max_seq_len "
         f"{MAX_SEQ_LEN}; TextLLMRunner, {sours['prompt_tokens']}-token prompt, {sours['generated_tokens']} generated "
         f"tokens (as the runner counts them, the same for both files), {result['rounds']} "
-        f"alternated rounds each; optimum-executorch {result['peer_versions']['optimum-executorch']} "
+        f"alternated rounds each, each a fresh runner process with torch's MKL threads at "
+        f"{sours.get('mkl_num_threads') or 'its default'}; optimum-executorch {result['peer_versions']['optimum-executorch']} "
         f"(transformers {result['peer_versions']['transformers']}) in its own venv; {result['machine']}; "
         f"`{result['command']}`:",
         "",

@@ -272,11 +272,11 @@ RUNNER_TIMEOUT_S = 900.0
 def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens: int) -> dict:
     """Generate greedily with ExecuTorch's C++ ``TextLLMRunner``; returns its stats.
 
-    The runner works in a fresh process (``hub_export/runner_probe.py``, environment
-    :data:`hub_export.process_env.PTE_PROCESS_ENV`), so its prefill and decode rates are the file's own, whatever
-    this process has imported or set. Token text is not collected here: the runner hands
-    tokens to Python as ``str`` and raises on a token that ends inside a UTF-8 character
-    (see :mod:`hub_export.generate`).
+    The runner works in a fresh process (``hub_export/runner_probe.py``, with
+    :data:`hub_export.process_env.PTE_PROCESS_ENV`), so its prefill and decode rates are
+    the file's own, whatever this process has imported or set. Token text is not
+    collected here: the runner hands tokens to Python as ``str`` and raises on a token
+    that ends inside a UTF-8 character (see :mod:`hub_export.generate`).
 
     Raises:
         InputError: ``pte`` (or its ``.ptd``) is not a loadable ExecuTorch file.

@@ -20,6 +20,8 @@ BENCH_SECTIONS = (
     ("bench-peer-qwen3", "peer-qwen3-8da4w"),
     ("thread-scaling", "thread-scaling"),
     ("decode-floor", "decode-floor-8da4w"),
+    ("decode-floor-8da8w", "decode-floor-8da8w"),
+    ("sdpa-threads", "sdpa-threads"),
     ("bench-kv", "kv-cache"),
 )
 
