@@ -31,6 +31,7 @@ from .options import ExportOptions
 from .progress import ProgressEvent
 from .generate import GenerationResponse, GenerationResult, Sampling, generate, stream_generate
 from .manifest import Manifest, Variant
+from .process_env import prepare_pte_process
 from .publish import list_variants, pull, push
 from .quantize import QMODES
 
@@ -45,6 +46,7 @@ __all__ = [
     "Variant",
     "generate",
     "stream_generate",
+    "prepare_pte_process",
     "GenerationResponse",
     "Sampling",
     "GenerationResult",

@@ -267,9 +267,13 @@ def generate(
     """Generate from ``prompt`` with a ``.pte`` and return the text and speed figures.
 
     ``settings`` are :func:`stream_generate`'s (``max_new_tokens``, ``sampling``,
-    ``chat``, ``system``); ``on_text`` receives text as it streams.
+    ``chat``, ``system``); ``on_text`` receives text as it streams. The file runs in this
+    process: call :func:`hub_export.prepare_pte_process` before torch loads (as
+    ``hub-export generate`` does) or prefill runs about half as fast
+    (:mod:`hub_export.process_env`).
 
     Example:
+        >>> hub_export.prepare_pte_process()  # first thing in the script
         >>> result = generate("out/model-8da4w.pte", "out", "Once upon a time", max_new_tokens=32,
         ...                   on_text=lambda piece: print(piece, end="", flush=True))
         >>> round(result.decode_tokens_per_s) > 0
