@@ -63,12 +63,16 @@ def second_model(tmp_path_factory) -> Path:
     return build_tiny_model(tmp_path_factory.mktemp("ray-models") / "tiny-two", seed=1)
 
 
+# Starts the command with Ctrl-C at its default, as in a terminal: a test run started in the
+# background by a non-interactive shell inherits SIGINT ignored, and so would the command.
+_INTERACTIVE = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+
+
 def _batch(hub: LocalHubFixture, plan: Path, address: str, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "COLUMNS": "300", "HF_TOKEN": hub.alice_token, "RAY_USAGE_STATS_ENABLED": "0"}
-    return subprocess.Popen(
-        [str(HUB_EXPORT), "batch", str(plan), "--ray-address", address, "--endpoint", hub.endpoint, *extra],
-        stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env,
-    )
+    command = [str(HUB_EXPORT), "batch", str(plan), "--ray-address", address, "--endpoint", hub.endpoint, *extra]
+    return subprocess.Popen([sys.executable, "-c", _INTERACTIVE, *command],
+                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
 
 
 def test_a_batch_spreads_over_two_nodes_survives_a_killed_worker_and_matches_the_local_files(
