@@ -17,6 +17,7 @@ BENCH_SECTIONS = (
     ("bench-cluster", "cluster-speedup"),
     ("bench-peer", "peer-8da4w"),
     ("bench-peer-8da8w", "peer-8da8w"),
+    ("bench-peer-one-at-a-time", "peer-8da4w-one-at-a-time"),
     ("bench-peer-qwen3", "peer-qwen3-8da4w"),
     ("thread-scaling", "thread-scaling"),
     ("decode-floor", "decode-floor-8da4w"),
