@@ -26,6 +26,7 @@ from __future__ import annotations
 
 import argparse
 import json
+import os
 import subprocess
 import sys
 from pathlib import Path
@@ -165,8 +166,6 @@ print(json.dumps({"prefill_ms": prefill * 1e3, "decode_ms": statistics.median(ti
 
 def round_env(stock_mkl: bool = False) -> dict[str, str]:
     """A round's environment: hub-export's ``.pte`` process (MKL on one thread), or the caller's as it is."""
-    import os
-
     from hub_export.process_env import pte_process_env
 
     if stock_mkl:
