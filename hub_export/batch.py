@@ -30,7 +30,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from .errors import HubExportError, InputError, first_line
+from .bug_log import as_bug, shown_path
+from .errors import HubExportError, InputError
 from .options import ExportOptions, option_fields
 from .publish import check_repo_id
 from .redact import Redactor
@@ -217,6 +218,7 @@ class JobState:
     result: "PushResult | None" = None
     error: str | None = None
     retries: int = 0
+    log_file: str | None = None  # the traceback of a bug in hub-export that failed this job
 
     @property
     def seconds(self) -> float:
@@ -270,11 +272,12 @@ def _run_job(batch: _Batch, state: JobState, engine: "Engine", token: str | None
         batch.update(state, state="cancelled", ended=time.monotonic(), detail="cancelled")
         raise
     except HubExportError as error:
-        batch.update(state, state="failed", ended=time.monotonic(), error=batch.redactor(str(error)))
+        batch.update(state, state="failed", ended=time.monotonic(), error=batch.redactor(str(error)),
+                     log_file=getattr(error, "log_file", None))
         return
     except Exception as error:  # noqa: BLE001 - one job's bug must not stop the others
-        line = f"{type(error).__name__}: {first_line(error)}"
-        batch.update(state, state="failed", ended=time.monotonic(), error=batch.redactor(line))
+        bug = as_bug(error, f"pushing {job.repo_id}", batch.redactor)
+        batch.update(state, state="failed", ended=time.monotonic(), error=str(bug), log_file=bug.log_file)
         return
     batch.update(state, state="pushed" if result.pushed else "up to date", ended=time.monotonic(), result=result,
                  detail=batch.redactor(result.summary))
@@ -346,7 +349,9 @@ def summary(states: list[JobState]) -> str:
     retried = sum(s.retries for s in states)
     if retried:
         parts.append(f"{retried} variant build(s) retried after a worker died")
-    return f"{len(states)} job(s): " + ", ".join(parts or ["nothing done"])
+    line = f"{len(states)} job(s): " + ", ".join(parts or ["nothing done"])
+    logs = [shown_path(Path(s.log_file)) for s in states if s.log_file]
+    return line + (f"; tracebacks of hub-export bugs: {', '.join(logs)}" if logs else "")
 
 
 __all__ = ["PlanJob", "JobState", "parse_plan", "read_plan", "run_batch", "fp32_weight_bytes", "summary"]

@@ -18,10 +18,12 @@ from rich.markup import escape
 from rich.table import Table
 
 from .card import human_size
-from .errors import HubExportError, first_line
+from .bug_log import as_bug
+from .errors import HubExportError, InternalError
 from .options import ExportOptions, option_fields
 from .process_env import prepare_pte_process
 from .quiet import quiet_libraries, quiet_torch
+from .redact import Redactor
 
 app = typer.Typer(
     help="Export Hugging Face causal LMs to verified ExecuTorch .pte files and publish them to the Hub.",
@@ -503,6 +505,9 @@ def main() -> None:
             if code == 130:  # typer turns Ctrl-C into this code without a word
                 err.print("Interrupted.")
             sys.exit(code)
+    except InternalError as error:
+        err.print(f"[bold red]Internal error:[/bold red] {escape(str(error))}", soft_wrap=True)
+        sys.exit(error.exit_code)
     except HubExportError as error:
         err.print(f"[bold red]Error:[/bold red] {escape(str(error))}", soft_wrap=True)
         sys.exit(error.exit_code)
@@ -520,12 +525,17 @@ def main() -> None:
             sys.exit(error.exit_code)
         if os.environ.get("HUB_EXPORT_DEBUG"):
             raise
-        err.print(
-            f"[bold red]Internal error:[/bold red] {type(error).__name__}: {escape(first_line(error))} "
-            "(rerun with HUB_EXPORT_DEBUG=1 for a traceback, and please report it)",
-            soft_wrap=True,
-        )
-        sys.exit(1)
+        bug = as_bug(error, "running " + " ".join(["hub-export", *sys.argv[1:2]]), _secrets_of_this_run())
+        err.print(f"[bold red]Internal error:[/bold red] {escape(str(bug))}", soft_wrap=True)
+        sys.exit(bug.exit_code)
+
+
+def _secrets_of_this_run() -> Redactor:
+    """A redactor for the tokens this command was given (``--token VALUE``, ``--token=VALUE``, ``HF_TOKEN``)."""
+    args = sys.argv[1:]
+    given = [value for flag, value in zip(args, args[1:]) if flag == "--token"]
+    given += [arg.split("=", 1)[1] for arg in args if arg.startswith("--token=")]
+    return Redactor(os.environ.get("HF_TOKEN"), *given)
 
 
 if __name__ == "__main__":

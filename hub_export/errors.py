@@ -22,9 +22,9 @@ from typing import Callable, Mapping
 
 _MARK = "\ue000"  # a private-use character: never whitespace, never in a real message
 _PLACEHOLDER = re.compile(f"{_MARK}([a-z0-9_]+){_MARK}")
-# CLI names of what is not an export option (those carry their flags in hub_export.options).
-_CLI_NAMES = {"from_dir": "--from", "output": "-o/--output", "no_chat": "--no-chat", "exist_ok": "--exist-ok",
-              "no_calibration": "--no-calibration"}
+# How the command line spells each option, filled by the modules that declare options
+# (hub_export.options): this module imports nothing from the package, so any module can raise.
+_SPELLINGS: dict[str, str] = {}
 
 Namer = Callable[[str], str]
 
@@ -34,14 +34,14 @@ def opt(name: str) -> str:
     return f"{_MARK}{name}{_MARK}"
 
 
+def declare_spellings(spellings: Mapping[str, str]) -> None:
+    """Record how the command line spells options (``{"qmodes": "--qmode"}``), for :func:`cli_name`."""
+    _SPELLINGS.update(spellings)
+
+
 def cli_name(name: str) -> str:
     """How the command line spells option ``name``: its declared flag, else ``--name-with-dashes``."""
-    if name in _CLI_NAMES:
-        return _CLI_NAMES[name]
-    from .options import ExportOptions, cli_flags
-
-    spec = ExportOptions.__dataclass_fields__.get(name)
-    return cli_flags(spec)[0] if spec is not None else "--" + name.replace("_", "-")
+    return _SPELLINGS.get(name) or "--" + name.replace("_", "-")
 
 
 def _one_line(text: str | None) -> str | None:
@@ -90,34 +90,48 @@ def _rebuild(cls: type[HubExportError], reason: str, fields: dict) -> HubExportE
     return cls(reason, **fields)
 
 
-class InputError(HubExportError):
+class InputError(HubExportError, ValueError):
     """Bad arguments or an unsupported source (exit code 2, like a usage error)."""
 
     exit_code = 2
 
 
-class SourceError(HubExportError):
+class SourceError(HubExportError, OSError):
     """The source model cannot be fetched or read."""
 
     exit_code = 3
 
 
-class ExportError(HubExportError):
+class ExportError(HubExportError, RuntimeError):
     """Building a variant failed for a reason outside the user's input."""
 
     exit_code = 1
 
 
-class VerificationError(HubExportError):
+class VerificationError(HubExportError, RuntimeError):
     """An exported program does not match the eager model."""
 
     exit_code = 4
 
 
-class HubError(HubExportError):
+class HubError(HubExportError, OSError):
     """A Hub request failed (permissions, unreachable endpoint, missing repo)."""
 
     exit_code = 5
+
+
+class InternalError(HubExportError, RuntimeError):
+    """A bug in hub-export itself, not in the user's input or file; ``log_file`` holds its traceback."""
+
+    exit_code = 70  # EX_SOFTWARE: distinct from every failure of the user's input
+
+    def __init__(self, reason: str, *, log_file: str | None = None, **fields):
+        self.log_file = log_file
+        super().__init__(reason, **fields)
+
+    def __reduce__(self):
+        rebuild, (cls, reason, fields) = super().__reduce__()
+        return rebuild, (cls, reason, {**fields, "log_file": self.log_file})
 
 
 def first_line(error: BaseException) -> str:

@@ -25,7 +25,7 @@ from dataclasses import dataclass, field
 from typing import Any, Iterator
 
 from . import quantize
-from .errors import InputError, opt
+from .errors import InputError, declare_spellings, opt
 
 DEFAULT_SIZE_RATIO = 1.15  # the mixed qmode's default size cap, relative to plain 8da4w
 DEFAULT_QUALITY_TOKENS = 2048  # hub_export.verify.DEFAULT_QUALITY_TOKENS, without importing torch here
@@ -287,5 +287,10 @@ def variant_filename(qmode: str, qembedding: str | None) -> str:
     """The file name of a variant: ``model-{qmode}[-emb{qembedding}].pte``."""
     return f"model-{qmode}" + (f"-emb{qembedding}" if qembedding else "") + ".pte"
 
+
+# Arguments of the CLI's commands that are not export options, as errors name them.
+_COMMAND_SPELLINGS = {"from_dir": "--from", "output": "-o/--output", "no_chat": "--no-chat", "exist_ok": "--exist-ok",
+                      "no_calibration": "--no-calibration"}
+declare_spellings({**_COMMAND_SPELLINGS, **{spec.name: cli_flags(spec)[0] for spec in option_fields()}})
 
 __all__ = ["ExportOptions", "options_with", "option_fields", "cli_flags", "help_text", "variant_filename", "DEFAULT_QUALITY_TOKENS"]

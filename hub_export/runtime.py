@@ -16,7 +16,7 @@ from pathlib import Path
 
 import torch
 
-from .errors import InputError, VerificationError
+from .errors import InputError, VerificationError, first_line
 from .process_env import pte_process_env
 
 # What every ExecuTorch program starts with (executorch/exir/_serialize/_program.py and
@@ -82,10 +82,22 @@ class PteModel:
         self.program, self.method, self.metadata = _open_program(self.path, data_path)
 
     def forward(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
-        """Logits of the last position, ``[vocab]``."""
+        """Logits of the last position, ``[vocab]``.
+
+        Raises:
+            VerificationError: the file fails to run these inputs or returns something that is not logits.
+        """
         positions = torch.arange(start_pos, start_pos + input_ids.shape[1], dtype=torch.long)
-        with quiet_native_output():
-            output = self.method.execute([input_ids, positions])[0]
+        try:
+            with quiet_native_output():
+                outputs = self.method.execute([input_ids, positions])
+        except (RuntimeError, ValueError) as error:  # the binding's word for a failed method
+            raise VerificationError(f"{self.path.name} failed in the ExecuTorch runtime ({first_line(error)})") from None
+        output = outputs[0] if outputs else None
+        vocab = self.metadata.get("get_vocab_size")
+        if not isinstance(output, torch.Tensor) or output.dim() < 1 or (vocab and output.shape[-1] != int(vocab)):
+            shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
+            raise VerificationError(f"{self.path.name} returned {shape}, not logits over its {vocab} tokens")
         return output.reshape(-1, output.shape[-1])[-1]
 
 
@@ -279,8 +291,8 @@ def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens
     that ends inside a UTF-8 character (see :mod:`hub_export.generate`).
 
     Raises:
-        InputError: ``pte`` (or its ``.ptd``) is not a loadable ExecuTorch file.
-        RuntimeError: the runner failed; the message is its last line of output.
+        VerificationError: ``pte`` (or its ``.ptd``) is not a loadable ExecuTorch file, or the
+            runner failed on it; the message is the runner's last line of output.
     """
     pte = Path(pte)
     data = data_file_of(pte)
@@ -295,10 +307,10 @@ def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens
                                   stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=pte_process_env(),
                                   timeout=RUNNER_TIMEOUT_S)
         except subprocess.TimeoutExpired:
-            raise RuntimeError(f"the runner did not finish within {RUNNER_TIMEOUT_S:.0f} s") from None
+            raise VerificationError(f"the runner did not finish within {RUNNER_TIMEOUT_S:.0f} s") from None
         if done.returncode != 0 or not out.is_file():
             lines = [line for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
-            raise RuntimeError(lines[-1].strip() if lines else f"the runner exited with status {done.returncode}")
+            raise VerificationError(lines[-1].strip() if lines else f"the runner exited with status {done.returncode}")
         return json.loads(out.read_text())
 
 

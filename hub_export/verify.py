@@ -28,6 +28,8 @@ from pathlib import Path
 
 import torch
 
+from .bug_log import as_bug
+from .errors import VerificationError, first_line
 from .manifest import Quality, Verification
 from .runtime import PteModel, runner_generate
 from .wrap import eager_attention
@@ -341,8 +343,10 @@ def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_j
         prompt_rows = torch.stack(list(_pte_rows(pte, seq.prompt_tokens, seq.prompt_len, seq.prompt_tokens.shape[1])))
         text = _runtime_text(pte, seq.windows, reference.fp32_text, expected.text)
         del pte  # the runner below loads its own copy of the program
-    except Exception as error:  # a corrupt file fails in many ways; all mean "broken"
-        return result(False, f"runtime error: {str(error).splitlines()[0][:200] if str(error) else type(error).__name__}")
+    except VerificationError as error:  # the file's own failure: it does not load, run or return logits
+        return result(False, f"runtime error: {first_line(error)[:200]}")
+    except Exception as error:  # anything else is hub-export's bug, not the file's
+        raise as_bug(error, f"verifying {pte_path.name}") from error
     if not torch.isfinite(prompt_rows).all() or (text is not None and not text.finite):
         return result(False, "the runtime produced non-finite logits")
 
@@ -383,8 +387,10 @@ def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_j
 
     try:
         stats = runner_generate(pte_path, tokenizer_json, seq.runner_prompt, seq.runner_new_tokens)
+    except VerificationError as error:
+        return result(False, f"TextLLMRunner failed: {first_line(error)[:200]}", quality=quality)
     except Exception as error:
-        return result(False, f"TextLLMRunner failed: {str(error).splitlines()[0][:200]}", quality=quality)
+        raise as_bug(error, f"running {pte_path.name} in TextLLMRunner") from error
     generated = int(stats.get("generated_tokens", 0))
     # The runner counts tokens after the first; a context with room for one new token
     # (--max-seq-len 2) can only prove the program runs.

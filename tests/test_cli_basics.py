@@ -93,3 +93,24 @@ def test_the_local_hub_is_an_extra_with_a_clear_message(monkeypatch) -> None:
     assert isinstance(result.exception, InputError)
     assert "pip install 'hub-export[hub]'" in str(result.exception)
     assert result.exception.exit_code == 2
+
+
+def test_a_bug_in_hub_export_says_so_and_keeps_its_traceback(monkeypatch, tmp_path, capsys) -> None:
+    import hub_export.archs
+    from helpers import run_cli
+
+    def broken_table():
+        return {}["a key hub-export forgot, next to the token hf_secretsecretsecretsecret"]
+
+    monkeypatch.setattr(hub_export.archs, "markdown_table", broken_table)
+    monkeypatch.setenv("HUB_EXPORT_LOG_DIR", str(tmp_path))
+    monkeypatch.setenv("HF_TOKEN", "hf_secretsecretsecretsecret")
+    code, out, err = run_cli(["archs", "--markdown"], capsys)
+    assert code == 70, err
+    (line,) = [line for line in err.splitlines() if line.strip()]
+    assert line.startswith("Internal error: hub-export failed while running hub-export archs (KeyError")
+    assert "bug in hub-export" in line
+    (log,) = tmp_path.iterdir()
+    assert log.name in line
+    text = log.read_text()
+    assert "broken_table" in text and "secret" not in text + err

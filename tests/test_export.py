@@ -286,6 +286,43 @@ def test_verification_fails_on_a_corrupted_pte(exported_multi, tiny_model, tmp_p
     assert result.failure and ("KL" in result.failure or "runtime" in result.failure or "exceeds" in result.failure)
 
 
+def test_verification_tells_a_bug_in_hub_export_from_a_broken_file(exported_multi, tiny_model, tmp_path,
+                                                                   monkeypatch):
+    import hub_export.verify as verify_module
+    from hub_export.build import load_model
+    from hub_export.errors import InternalError, VerificationError
+    from hub_export.verify import build_reference, expected_logits, verify
+
+    monkeypatch.setenv("HUB_EXPORT_LOG_DIR", str(tmp_path / "logs"))
+    model = load_model(tiny_model, False)
+    reference = build_reference(model, tiny_model / "tokenizer.json", 64)
+    expected = expected_logits(model, reference)
+    pte = exported_multi / "model-fp32-emb8w.pte"
+
+    def file_fails(*args, **kwargs):
+        raise VerificationError("model-fp32-emb8w.pte failed in the ExecuTorch runtime (Error 0x12)")
+
+    # The file's failure: a failed verification, recorded, no log.
+    monkeypatch.setattr(verify_module, "_pte_rows", file_fails)
+    result = verify(pte, expected, reference, tiny_model / "tokenizer.json", "fp32")
+    assert not result.passed and result.failure == (
+        "runtime error: model-fp32-emb8w.pte failed in the ExecuTorch runtime (Error 0x12)")
+    assert not (tmp_path / "logs").exists()
+
+    def hub_export_bug(*args, **kwargs):
+        return {}["a key hub-export forgot"]
+
+    # Our bug: raised as one, with the traceback in the file the message names.
+    monkeypatch.setattr(verify_module, "_pte_rows", hub_export_bug)
+    with pytest.raises(InternalError) as caught:
+        verify(pte, expected, reference, tiny_model / "tokenizer.json", "fp32")
+    message = str(caught.value)
+    assert "bug in hub-export" in message and "KeyError" in message and "verifying model-fp32-emb8w.pte" in message
+    (log,) = (tmp_path / "logs").iterdir()
+    assert log.name in message and caught.value.log_file == str(log)
+    assert "hub_export_bug" in log.read_text() and "Traceback" in log.read_text()
+
+
 def test_failed_verification_fails_the_command_and_leaves_nothing(tiny_model, tmp_path, capsys, monkeypatch):
     import hub_export.lower as lower_module
 
