@@ -18,7 +18,12 @@ from . import quantize, source as source_stage
 from .errors import VerificationError
 from .manifest import Variant, Verification, sha256_file
 from .options import variant_filename
+from .kv_cache import plan_layers
+from .lower import is_dynamic, runner_metadata, to_pte
 from .patches import release_memory
+from .runtime import MemoryProbe
+from .verify import expected_logits, verify
+from .wrap import ExportableDecoder, export_program
 
 if TYPE_CHECKING:
     import torch
@@ -119,25 +124,53 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     released as soon as this one no longer shares them. A verified variant's memory is
     measured by a probe process started now, so its imports overlap the lowering.
     """
-    from .runtime import MemoryProbe
-
     with MemoryProbe() if run.reference is not None else contextlib.nullcontext() as probe:
         return _build_variant(run, qmode, last, probe)
 
 
 def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
-    from .lower import is_dynamic, runner_metadata, to_pte
-    from .verify import expected_logits, verify
-    from .kv_cache import plan_layers
-    from .wrap import ExportableDecoder, export_program
-
     opts = run.options
     name = variant_filename(qmode, opts.qembedding)
+    mode = quantize.QMODES[qmode]
     started = time.perf_counter()
+    plan = run.mixed_plan if mode.calibrated else None
+    model, fallback, expected = _quantized_copy(run, qmode, name, plan, last)
+    release_memory()
+    path, metadata, layout = _lower(run, model, name)
+    del model
+    if last:
+        run.model = None
+    release_memory()
+    seconds = time.perf_counter() - started
+
+    verification, runtime_memory = Verification.skipped_record(), None
+    if expected is not None:
+        run.say(f"[{name}] verifying against eager and in TextLLMRunner", "verify", name)
+        verification = verify(path, expected, run.reference, run.src.path / "tokenizer.json",
+                              judge_kind(mode.tolerance, opts.kv_cache))
+        if not verification.passed:
+            raise VerificationError(f"{name} failed verification: {verification.failure}")
+        run.say(f"[{name}] measuring memory at full context ({run.max_seq_len} positions)", "note", name)
+        runtime_memory = probe.measure(path, extra_tokens=8 if layout.unbounded else 0)
+    data_path = path.with_suffix(".ptd") if opts.share_embeddings else None
+    return Variant(
+        file=name, qmode=qmode, qembedding=opts.qembedding, group_size=opts.group_size if mode.grouped else None,
+        max_seq_len=run.max_seq_len, size_bytes=path.stat().st_size, sha256=sha256_file(path), metadata=metadata,
+        verification=verification, export_seconds=round(seconds, 2), per_channel_fallback=fallback,
+        data_file=data_path.name if data_path else None,
+        data_size_bytes=data_path.stat().st_size if data_path else None,
+        data_sha256=sha256_file(data_path) if data_path else None,
+        recipe=_recipe_record(mode, opts, plan), kv_cache={**layout.to_dict(), "sliding": opts.sliding_cache},
+        runtime_memory=runtime_memory,
+    )
+
+
+def _quantized_copy(run: RunState, qmode: str, name: str, plan: "MixedPlan | None", last: bool):
+    """(a quantized copy of ``run``'s model, the layers that fell back to per-channel int8, what the ``.pte`` must
+    reproduce: the copy's logits on the verification sequences, or None without verification)."""
+    opts = run.options
     run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})", "quantize", name)
     model = weight_sharing_copy(run.model)
-    mode = quantize.QMODES[qmode]
-    plan = run.mixed_plan if mode.calibrated else None
     recipe = opts.recipe(frozenset(plan.eight_bit) if plan else frozenset())
     fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings, recipe)
     expected = expected_logits(model, run.reference) if run.reference is not None else None
@@ -148,7 +181,12 @@ def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
         # a copy would only add memory.)
         detach_from(model, run.model)
         run.model = None
-    release_memory()
+    return model, fallback, expected
+
+
+def _lower(run: RunState, model, name: str):
+    """Export ``model`` with its KV cache and lower it to ``name`` in the staging folder: (path, metadata, layout)."""
+    opts = run.options
     run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})", "export",
             name)
     layout = plan_layers(_text_config(model.config), run.max_seq_len, opts.sliding_cache, opts.kv_cache, opts.sink())
@@ -168,42 +206,7 @@ def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
     partitions = iter(range(1, 1 << 30))
     to_pte(program, metadata, path, data_path,
            on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name))
-    del program, model
-    if last:
-        run.model = None
-    release_memory()
-    seconds = time.perf_counter() - started
-
-    verification = Verification.skipped_record()
-    runtime_memory = None
-    if expected is not None:
-        run.say(f"[{name}] verifying against eager and in TextLLMRunner", "verify", name)
-        verification = verify(path, expected, run.reference, run.src.path / "tokenizer.json",
-                              judge_kind(mode.tolerance, opts.kv_cache))
-        if not verification.passed:
-            raise VerificationError(f"{name} failed verification: {verification.failure}")
-        run.say(f"[{name}] measuring memory at full context ({run.max_seq_len} positions)", "note", name)
-        runtime_memory = probe.measure(path, extra_tokens=8 if layout.unbounded else 0)
-    grouped = mode.grouped
-    return Variant(
-        file=name,
-        qmode=qmode,
-        qembedding=opts.qembedding,
-        group_size=opts.group_size if grouped else None,
-        max_seq_len=run.max_seq_len,
-        size_bytes=path.stat().st_size,
-        sha256=sha256_file(path),
-        metadata=metadata,
-        verification=verification,
-        export_seconds=round(seconds, 2),
-        per_channel_fallback=fallback,
-        data_file=data_path.name if data_path else None,
-        data_size_bytes=data_path.stat().st_size if data_path else None,
-        data_sha256=sha256_file(data_path) if data_path else None,
-        recipe=_recipe_record(mode, opts, plan),
-        kv_cache={**layout.to_dict(), "sliding": opts.sliding_cache},
-        runtime_memory=runtime_memory,
-    )
+    return path, metadata, layout
 
 
 def judge_kind(kind: str, kv_cache: str) -> str:

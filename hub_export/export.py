@@ -16,6 +16,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
 from . import quantize
+from .engines import LocalEngine
 from .errors import InputError, opt
 from .manifest import Manifest, machine_description, package_versions
 from .options import DEFAULT_QUALITY_TOKENS, ExportOptions, options_with, variant_filename
@@ -65,6 +66,7 @@ def _publish_folder(workdir: Path, output_dir: Path) -> None:
     workdir.rename(output_dir)
 
 
+# Over 60 lines for its docstring only: the public entry point documents every argument and what it raises.
 def export(
     source: str,
     output_dir: str | Path,
@@ -98,14 +100,19 @@ def export(
         >>> manifest = export("HuggingFaceTB/SmolLM2-135M", "out", qmodes=["8da4w", "fp32"], max_seq_len=256)
         >>> [v.file for v in manifest.variants]
         ['model-8da4w.pte', 'model-fp32.pte']
-    """
-    from .engines import LocalEngine
 
+    Raises:
+        InputError: bad options, or ``output_dir`` is not empty without ``overwrite``.
+        SourceError: the source cannot be fetched or read.
+        HubError: a Hub request failed (access, a missing repo).
+        VerificationError: a ``.pte`` does not match the eager model; nothing is written.
+        ExportError: a variant could not be built (a worker died, out of memory).
+        InternalError: a bug in hub-export (its traceback is saved in a log file).
+    """
     options = options_with(options, option_values)
     declared = _declared_source(source, options)
     say = tracker(progress, log.info)
-    calibrated = any(quantize.QMODES[mode].calibrated for mode in options.qmodes) and options.calibration
-    say.expect((3 if options.verify else 2) + calibrated + (4 if options.verify else 3) * len(options.qmodes))
+    say.expect(_stage_count(options))
     output_dir = Path(output_dir)
     engine = engine or LocalEngine()
     request = SourceRequest(source, options, token, endpoint, cache_dir)
@@ -119,9 +126,7 @@ def export(
             (workdir / name).write_bytes(content)
         manifest = Manifest(
             source={**prepared.record, **declared},  # what the exporter said the model is (--base-model, ...)
-            versions=package_versions(),
-            variants=variants,
-            command=command or options.command(_shown_source(source)),
+            versions=package_versions(), variants=variants, command=command or options.command(_shown_source(source)),
             machine=machine_description(),
         )
         manifest.write(workdir)
@@ -130,6 +135,12 @@ def export(
         shutil.rmtree(workdir, ignore_errors=True)
         raise
     return manifest
+
+
+def _stage_count(options: ExportOptions) -> int:
+    """How many progress stages an export of ``options`` reports: source, calibration, then each variant's."""
+    calibrated = any(quantize.QMODES[mode].calibrated for mode in options.qmodes) and options.calibration
+    return (3 if options.verify else 2) + calibrated + (4 if options.verify else 3) * len(options.qmodes)
 
 
 def _shown_source(source: str) -> str:

@@ -196,30 +196,12 @@ def stream_generate(
         ('max_new_tokens', True)
     """
     import torch
-    from tokenizers import Tokenizer
     from tokenizers.decoders import DecodeStream
 
-    from .runtime import PteModel
+    from .runtime import PteModel  # imports torch and ExecuTorch: only when a file is run
 
-    tokenizer_dir = Path(tokenizer_dir)
-    tokenizer_file = tokenizer_dir / "tokenizer.json"
-    if not tokenizer_file.is_file():
-        raise InputError(f"no tokenizer.json in {tokenizer_dir.name}/; pass {opt('tokenizer')} with the export folder")
-    if max_new_tokens < 1:
-        raise InputError(f"{opt('max_new_tokens')} must be at least 1", param="max_new_tokens")
     sampling = sampling or Sampling()
-    sampling.check()
-    if chat is None:
-        chat = chat_template(tokenizer_dir) is not None
-    if system and not chat:
-        raise InputError(f"{opt('system')} needs the chat template", hint=f"drop {opt('no_chat')}", param="system",
-                         code="system_needs_chat")
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
-    # A rendered template carries its own special tokens (BOS included), as transformers' apply_chat_template does.
-    ids = (tokenizer.encode(chat_prompt(tokenizer_dir, prompt, system), add_special_tokens=False).ids if chat
-           else tokenizer.encode(prompt).ids)
-    if not ids:
-        raise InputError("the prompt is empty after tokenization")
+    tokenizer, ids, chat = _encode_prompt(Path(tokenizer_dir), prompt, max_new_tokens, sampling, chat, system)
     model = PteModel(pte_path)
     chunk = max(1, int(model.metadata.get("get_max_seq_len", 0)) - 1)  # the longest forward the file takes
     max_len = max(int(model.metadata.get("get_max_context_len", 0)), chunk + 1)
@@ -230,11 +212,7 @@ def stream_generate(
     generator = torch.Generator().manual_seed(sampling.seed)
     seen = list(ids)
     stream = DecodeStream(skip_special_tokens=True)
-    started = time.perf_counter()
-    # A prompt longer than one forward (a file with an attention sink) is prefilled in chunks.
-    for start in range(0, len(ids), chunk):
-        logits = model.forward(torch.tensor([ids[start:start + chunk]], dtype=torch.long), start_pos=start)
-    prefill_seconds = time.perf_counter() - started
+    logits, prefill_seconds = _prefill(model, ids, chunk)
 
     position, generated = len(ids), 0
     decode_started = time.perf_counter()
@@ -254,6 +232,44 @@ def stream_generate(
             return
         logits = model.forward(torch.tensor([[token]], dtype=torch.long), start_pos=position)
         position += 1
+
+
+def _prefill(model, ids: list[int], chunk: int):
+    """(last position's logits, seconds) after running the prompt through ``model``.
+
+    A prompt longer than one forward (a file with an attention sink) is prefilled in chunks.
+    """
+    import torch
+
+    started = time.perf_counter()
+    for start in range(0, len(ids), chunk):
+        logits = model.forward(torch.tensor([ids[start:start + chunk]], dtype=torch.long), start_pos=start)
+    return logits, time.perf_counter() - started
+
+
+def _encode_prompt(tokenizer_dir: Path, prompt: str, max_new_tokens: int, sampling: Sampling, chat: bool | None,
+                   system: str | None):
+    """(tokenizer, prompt ids, whether the chat template is used), after checking the arguments."""
+    from tokenizers import Tokenizer
+
+    tokenizer_file = tokenizer_dir / "tokenizer.json"
+    if not tokenizer_file.is_file():
+        raise InputError(f"no tokenizer.json in {tokenizer_dir.name}/; pass {opt('tokenizer')} with the export folder")
+    if max_new_tokens < 1:
+        raise InputError(f"{opt('max_new_tokens')} must be at least 1", param="max_new_tokens")
+    sampling.check()
+    if chat is None:
+        chat = chat_template(tokenizer_dir) is not None
+    if system and not chat:
+        raise InputError(f"{opt('system')} needs the chat template", hint=f"drop {opt('no_chat')}", param="system",
+                         code="system_needs_chat")
+    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    # A rendered template carries its own special tokens (BOS included), as transformers' apply_chat_template does.
+    ids = (tokenizer.encode(chat_prompt(tokenizer_dir, prompt, system), add_special_tokens=False).ids if chat
+           else tokenizer.encode(prompt).ids)
+    if not ids:
+        raise InputError("the prompt is empty after tokenization")
+    return tokenizer, ids, chat
 
 
 def generate(

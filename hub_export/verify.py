@@ -309,47 +309,85 @@ def _quality(text_name: str, run: _TextRun, fp32: TokenStats) -> Quality:
     )
 
 
-def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_json: Path, kind: str) -> Verification:
-    """Compare ``pte_path`` with ``expected`` (:func:`expected_logits`), measure its quality, run the C++ runner.
+class _Judgement:
+    """The figures of one verification as they are gathered, and the record they make."""
 
-    ``kind`` picks the thresholds: ``fp32``, ``dynamic`` (int8 dynamic activations) or
-    ``weight_only``.
-    """
-    seq = reference.sequences
-    eager = expected.prompt_logits
-    fp32_logits = reference.fp32_prompt_logits
-    scale = eager.abs().max().item()
-    quant = dict(
-        quant_max_abs_diff_vs_fp32=(eager - fp32_logits).abs().max().item(),
-        quant_relative_l2_vs_fp32=_relative_l2(eager, fp32_logits),
-        quant_top1_vs_fp32=_top1(eager, fp32_logits),
-    )
-    limits = dict(max_kl=MAX_MEAN_KL[kind], min_top1=MIN_TOP1[kind])
-    figures = dict(positions=eager.shape[0], mean_kl_vs_eager=float("nan"), top1_agreement=0.0, top1_within_ties=0.0,
-                   max_abs_diff=float("nan"), relative_l2=float("nan"))
+    def __init__(self, expected: Expected, reference: Reference, kind: str):
+        eager, fp32_logits = expected.prompt_logits, reference.fp32_prompt_logits
+        self.scale = eager.abs().max().item()
+        self.quant = dict(
+            quant_max_abs_diff_vs_fp32=(eager - fp32_logits).abs().max().item(),
+            quant_relative_l2_vs_fp32=_relative_l2(eager, fp32_logits),
+            quant_top1_vs_fp32=_top1(eager, fp32_logits),
+        )
+        self.limits = dict(max_kl=MAX_MEAN_KL[kind], min_top1=MIN_TOP1[kind])
+        self.figures = dict(positions=eager.shape[0], mean_kl_vs_eager=float("nan"), top1_agreement=0.0,
+                            top1_within_ties=0.0, max_abs_diff=float("nan"), relative_l2=float("nan"))
 
-    def result(passed: bool, failure: str | None = None, runner: dict | None = None, quality=None) -> Verification:
+    def result(self, passed: bool, failure: str | None = None, runner: dict | None = None,
+               quality: Quality | None = None) -> Verification:
         runner = runner or {}
         return Verification(
-            passed, **figures, **limits, **quant,
+            passed, **self.figures, **self.limits, **self.quant,
             runner_generated_tokens=int(runner.get("generated_tokens", 0)),
             runner_prefill_tokens_per_s=runner.get("prefill_token_per_sec"),
             runner_decode_tokens_per_s=runner.get("decode_token_per_sec"),
             failure=failure, quality=quality,
         )
 
+
+def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_json: Path, kind: str) -> Verification:
+    """Compare ``pte_path`` with ``expected`` (:func:`expected_logits`), measure its quality, run the C++ runner.
+
+    ``kind`` picks the thresholds: ``fp32``, ``dynamic`` (int8 dynamic activations) or
+    ``weight_only``. A file that fails to load, run or match gives a failed
+    :class:`Verification` naming why.
+
+    Raises:
+        InternalError: a bug in hub-export itself (its traceback is saved in a log file).
+    """
+    seq = reference.sequences
+    judgement = _Judgement(expected, reference, kind)
     try:
         pte = PteModel(pte_path)
         prompt_rows = torch.stack(list(_pte_rows(pte, seq.prompt_tokens, seq.prompt_len, seq.prompt_tokens.shape[1])))
         text = _runtime_text(pte, seq.windows, reference.fp32_text, expected.text)
         del pte  # the runner below loads its own copy of the program
     except VerificationError as error:  # the file's own failure: it does not load, run or return logits
-        return result(False, f"runtime error: {first_line(error)[:200]}")
+        return judgement.result(False, f"runtime error: {first_line(error)[:200]}")
     except Exception as error:  # anything else is hub-export's bug, not the file's
         raise as_bug(error, f"verifying {pte_path.name}") from error
     if not torch.isfinite(prompt_rows).all() or (text is not None and not text.finite):
-        return result(False, "the runtime produced non-finite logits")
+        return judgement.result(False, "the runtime produced non-finite logits")
 
+    judgement.figures.update(_agreement(prompt_rows, expected, text, TIE_NATS[kind]))
+    quality = None
+    if reference.fp32_text is not None and text is not None:
+        quality = _quality(seq.text_name, text, reference.fp32_text)
+    failure = _failure(judgement, kind)
+    if failure:
+        return judgement.result(False, failure, quality=quality)
+
+    try:
+        stats = runner_generate(pte_path, tokenizer_json, seq.runner_prompt, seq.runner_new_tokens)
+    except VerificationError as error:
+        return judgement.result(False, f"TextLLMRunner failed: {first_line(error)[:200]}", quality=quality)
+    except Exception as error:
+        raise as_bug(error, f"running {pte_path.name} in TextLLMRunner") from error
+    generated = int(stats.get("generated_tokens", 0))
+    # The runner counts tokens after the first; a context with room for one new token
+    # (--max-seq-len 2) can only prove the program runs.
+    if generated < 1 and seq.runner_new_tokens > 1:
+        return judgement.result(False, "TextLLMRunner generated no token", stats, quality)
+    return judgement.result(True, None, stats, quality)
+
+
+def _agreement(prompt_rows: torch.Tensor, expected: Expected, text: _TextRun | None, tie_nats: float) -> dict:
+    """How closely the runtime's distributions follow quantized eager's, over the prompt and the judged text.
+
+    A position agrees "within ties" when eager's top token is within ``tie_nats`` of the runtime's own top.
+    """
+    eager = expected.prompt_logits
     prompt_logprobs = torch.log_softmax(prompt_rows.float(), -1)
     eager_prompt = TokenStats.of(eager)
     kl = [kl_rows(eager_prompt, prompt_logprobs.gather(-1, eager_prompt.top_ids))]
@@ -362,38 +400,27 @@ def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_j
         agree.append(text.argmax[:judged] == expected.text.argmax[:judged])
         gaps.append(text.eager_gap)
     kl_all, gap_all = torch.cat(kl), torch.cat(gaps)
-    figures.update(
+    return dict(
         positions=kl_all.shape[0],
         mean_kl_vs_eager=float(kl_all.mean()),
         top1_agreement=torch.cat(agree).float().mean().item(),
-        top1_within_ties=(gap_all <= TIE_NATS[kind]).float().mean().item(),
+        top1_within_ties=(gap_all <= tie_nats).float().mean().item(),
         max_abs_diff=(prompt_rows - eager).abs().max().item(),
         relative_l2=_relative_l2(prompt_rows, eager),
     )
-    quality = None
-    if reference.fp32_text is not None and text is not None:
-        quality = _quality(seq.text_name, text, reference.fp32_text)
 
+
+def _failure(judgement: _Judgement, kind: str) -> str | None:
+    """Why the runtime's figures fail ``kind``'s thresholds, or None when they pass."""
+    figures, limits = judgement.figures, judgement.limits
     kl, top1 = figures["mean_kl_vs_eager"], figures["top1_within_ties"]
     if kl > limits["max_kl"]:
-        return result(False, f"mean KL from eager {kl:.3g} exceeds {limits['max_kl']:.3g} over {figures['positions']} positions "
-                             f"(top-1 agreement {top1:.0%})", quality=quality)
+        return (f"mean KL from eager {kl:.3g} exceeds {limits['max_kl']:.3g} over {figures['positions']} positions "
+                f"(top-1 agreement {top1:.0%})")
     if top1 < limits["min_top1"]:
-        return result(False, f"top-1 agreement with eager {top1:.0%} (near-ties counted) is below "
-                             f"{limits['min_top1']:.0%} over {figures['positions']} positions", quality=quality)
-    if kind == "fp32" and figures["max_abs_diff"] > FP32_MAX_ABS * max(scale, 1.0):
-        return result(False, f"max abs logit diff {figures['max_abs_diff']:.3g} exceeds {FP32_MAX_ABS * max(scale, 1.0):.3g} "
-                             "for a float32 file", quality=quality)
-
-    try:
-        stats = runner_generate(pte_path, tokenizer_json, seq.runner_prompt, seq.runner_new_tokens)
-    except VerificationError as error:
-        return result(False, f"TextLLMRunner failed: {first_line(error)[:200]}", quality=quality)
-    except Exception as error:
-        raise as_bug(error, f"running {pte_path.name} in TextLLMRunner") from error
-    generated = int(stats.get("generated_tokens", 0))
-    # The runner counts tokens after the first; a context with room for one new token
-    # (--max-seq-len 2) can only prove the program runs.
-    if generated < 1 and seq.runner_new_tokens > 1:
-        return result(False, "TextLLMRunner generated no token", stats, quality)
-    return result(True, None, stats, quality)
+        return (f"top-1 agreement with eager {top1:.0%} (near-ties counted) is below "
+                f"{limits['min_top1']:.0%} over {figures['positions']} positions")
+    bound = FP32_MAX_ABS * max(judgement.scale, 1.0)
+    if kind == "fp32" and figures["max_abs_diff"] > bound:
+        return f"max abs logit diff {figures['max_abs_diff']:.3g} exceeds {bound:.3g} for a float32 file"
+    return None

@@ -28,6 +28,7 @@ from typing import TYPE_CHECKING, Callable
 
 from .errors import ExportError, HubExportError, opt
 from .options import ExportOptions
+from .quantize import QMODES
 from .quiet import quiet_libraries, quiet_torch
 
 if TYPE_CHECKING:
@@ -110,6 +111,7 @@ def portable(exc: BaseException) -> BaseException:
 
 def build_job(job: VariantJob, say: Callable[..., None]) -> "Variant":
     """Build ``job``'s variant in this process from its checkpoint (what every engine's worker runs)."""
+    # torch and the build stages load here, in the worker: the parent that spawns workers never needs them.
     import torch
 
     from .build import RunState, build_variant, load_model
@@ -152,8 +154,6 @@ def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[..., N
     so the caller's cleanup (removing the staging folder) runs once nothing writes
     into it any more.
     """
-    from .quantize import QMODES
-
     context = multiprocessing.get_context("spawn")
     messages = context.Queue()
     # Costliest first (longest-processing-time order): cheap variants fill in at the end.
@@ -173,14 +173,7 @@ def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[..., N
             for index, code in _dead(running, silent):
                 job = by_index[index]
                 deaths[index] = deaths.get(index, 0) + 1
-                if deaths[index] > retries:
-                    raise ExportError(
-                        f"the worker exporting {job.qmode} exited with code {code} without a result "
-                        f"{_times(deaths[index])}(out of memory?); rerun with {opt('jobs')} 1 to export one variant "
-                        "at a time"
-                    )
-                say(f"the worker exporting {job.qmode} exited with code {code} without a result; starting it again "
-                    f"(retry {deaths[index]} of {retries})", "retry", job.qmode)
+                _retry_or_fail(job, code, deaths[index], retries, say)
                 running.pop(index).join()
                 silent.pop(index, None)
                 pending.insert(0, job)
@@ -206,6 +199,17 @@ def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[..., N
             process.join()
         messages.close()
     return [results[job.index] for job in jobs]
+
+
+def _retry_or_fail(job: VariantJob, code: int | None, deaths: int, retries: int, say: Callable[..., None]) -> None:
+    """Say that ``job``'s worker is started again after its ``deaths``-th silent death, or raise past ``retries``."""
+    if deaths > retries:
+        raise ExportError(
+            f"the worker exporting {job.qmode} exited with code {code} without a result "
+            f"{_times(deaths)}(out of memory?); rerun with {opt('jobs')} 1 to export one variant at a time"
+        )
+    say(f"the worker exporting {job.qmode} exited with code {code} without a result; starting it again "
+        f"(retry {deaths} of {retries})", "retry", job.qmode)
 
 
 def _times(count: int) -> str:
