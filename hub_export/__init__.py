@@ -19,7 +19,7 @@ and ``hub-export --help`` stay fast.
 
 from __future__ import annotations
 
-from .errors import ExportError, HubError, HubExportError, InputError, SourceError, VerificationError
+from .errors import ExportError, HubError, HubExportError, InputError, InternalError, SourceError, VerificationError
 
 # Verbs live in modules of the same name (mlx-lm style). Binding the functions here,
 # after their modules are imported, keeps `hub_export.export` the function even once
@@ -60,6 +60,7 @@ __all__ = [
     "HubExportError",
     "HubError",
     "InputError",
+    "InternalError",
     "SourceError",
     "VerificationError",
     "__version__",

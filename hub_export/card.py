@@ -498,6 +498,9 @@ def render_card(
         >>> card = render_card(manifest, {"license": "apache-2.0"}, repo_id="alice/tiny-ExecuTorch")
         >>> card.splitlines()[0]
         '---'
+
+    Raises:
+        InputError: ``template`` is not a valid Jinja template or fails to render.
     """
     from jinja2 import TemplateError
 

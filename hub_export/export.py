@@ -149,7 +149,11 @@ def _shown_source(source: str) -> str:
 
 
 def read_manifest(folder: str | Path) -> Manifest:
-    """The :class:`Manifest` of an export folder."""
+    """The :class:`Manifest` of an export folder.
+
+    Raises:
+        InputError: ``folder`` has no readable, valid ``manifest.json``.
+    """
     return Manifest.read(Path(folder))
 
 

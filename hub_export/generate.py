@@ -194,6 +194,10 @@ def stream_generate(
         ...     print(response.text, end="", flush=True)
         >>> response.stop_reason, round(response.result("").decode_tokens_per_s) > 0
         ('max_new_tokens', True)
+
+    Raises:
+        InputError: bad arguments, before the model is loaded (see :func:`generate`).
+        VerificationError: the file does not load or fails in the ExecuTorch runtime.
     """
     import torch
     from tokenizers.decoders import DecodeStream
@@ -294,6 +298,11 @@ def generate(
         ...                   on_text=lambda piece: print(piece, end="", flush=True))
         >>> round(result.decode_tokens_per_s) > 0
         True
+
+    Raises:
+        InputError: bad arguments (an empty or too long prompt, a sampling setting out of range,
+            no tokenizer next to the file, ``system`` without the chat template).
+        VerificationError: the file does not load or fails in the ExecuTorch runtime.
     """
     pieces: list[str] = []
     last = None
