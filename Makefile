@@ -41,7 +41,7 @@ demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
 
 demo-quick: $(STAMP)
-	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo_quick.sh
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh --quick
 
 space: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/space.sh

@@ -669,29 +669,34 @@ def list_refs(request: Request, kind: str, ns: str, name: str, include_prs: bool
 @router.post("/api/{kind}/{ns}/{name}/branch/{branch:path}")
 async def create_branch(request: Request, kind: str, ns: str, name: str, branch: str) -> dict[str, Any]:
     repo = await _writer(request, kind, ns, name)
-    body = await _json(request)
-    start = _field(body, "startingPoint", str) or "main"
-    await run_in_threadpool(_store(request).create_ref, repo, f"refs/heads/{branch}", start)
-    return {}
+    start = _field(await _json(request), "startingPoint", str) or "main"
+    return await _create_ref(request, repo, f"refs/heads/{branch}", start)
 
 
 @router.delete("/api/{kind}/{ns}/{name}/branch/{branch:path}")
 def delete_branch(request: Request, kind: str, ns: str, name: str, branch: str) -> dict[str, Any]:
-    _store(request).delete_ref(_open(request, kind, ns, name, write=True), f"refs/heads/{branch}")
-    return {}
+    return _delete_ref(request, kind, ns, name, f"refs/heads/{branch}")
 
 
 @router.post("/api/{kind}/{ns}/{name}/tag/{rev:path}")
 async def create_tag(request: Request, kind: str, ns: str, name: str, rev: str) -> dict[str, Any]:
     repo = await _writer(request, kind, ns, name)
     tag = _required(await _json(request), "tag", str)
-    await run_in_threadpool(_store(request).create_ref, repo, f"refs/tags/{tag}", rev)
-    return {}
+    return await _create_ref(request, repo, f"refs/tags/{tag}", rev)
 
 
 @router.delete("/api/{kind}/{ns}/{name}/tag/{tag:path}")
 def delete_tag(request: Request, kind: str, ns: str, name: str, tag: str) -> dict[str, Any]:
-    _store(request).delete_ref(_open(request, kind, ns, name, write=True), f"refs/tags/{tag}")
+    return _delete_ref(request, kind, ns, name, f"refs/tags/{tag}")
+
+
+async def _create_ref(request: Request, repo, ref: str, start: str) -> dict[str, Any]:
+    await run_in_threadpool(_store(request).create_ref, repo, ref, start)
+    return {}
+
+
+def _delete_ref(request: Request, kind: str, ns: str, name: str, ref: str) -> dict[str, Any]:
+    _store(request).delete_ref(_open(request, kind, ns, name, write=True), ref)
     return {}
 
 
