@@ -1,4 +1,4 @@
-"""Which decoder families export, how, and what to watch for.
+"""Which model families export, for which task, how, and what to watch for.
 
 One registry feeds the source checks, ``hub-export archs`` and the README table, so
 the three never disagree.
@@ -21,6 +21,7 @@ class Family:
     cache: str  # "static": full-length KV cache; "+ ring (window)": sliding layers keep a ring buffer of their window
     status: str  # "verified": exported, verified and run in tests; "experimental": not yet covered
     notes: str = ""
+    task: str = "text-generation"  # hub_export.tasks.TASKS
 
 
 FAMILIES: tuple[Family, ...] = (
@@ -38,19 +39,31 @@ FAMILIES: tuple[Family, ...] = (
     Family("Starcoder2", ("starcoder2",), "static + ring (window)", "verified", "biases; LayerNorm; GELU MLP"),
     Family("GPT-2", ("gpt2",), "static", "verified", "learned absolute positions; Conv1D projections"),
     Family("GPT-NeoX / Pythia", ("gpt_neox",), "static", "verified", "parallel residual; partial rotary"),
+    Family("BERT, MiniLM", ("bert",), "none", "verified", "mean/CLS/max pooling, normalised as configured",
+           "feature-extraction"),
+    Family("RoBERTa / XLM-R", ("roberta", "xlm-roberta"), "none", "experimental", "position ids offset by padding",
+           "feature-extraction"),
+    Family("DistilBERT", ("distilbert",), "none", "experimental", "no token types", "feature-extraction"),
+    Family("MPNet", ("mpnet",), "none", "experimental", "relative position bias", "feature-extraction"),
 )
 
-SUPPORTED_MODEL_TYPES: frozenset[str] = frozenset(t for f in FAMILIES for t in f.model_types)
+# What each task accepts, by model_type.
+SUPPORTED_MODEL_TYPES: dict[str, frozenset[str]] = {
+    task: frozenset(t for f in FAMILIES if f.task == task for t in f.model_types)
+    for task in dict.fromkeys(f.task for f in FAMILIES)
+}
+_WHAT = {"text-generation": "decoder-only causal LM", "feature-extraction": "sentence-embedding encoder"}
 
 
-def family_for(model_type: str) -> Family:
-    """The family of ``model_type``, or an :class:`InputError` naming the supported ones."""
+def family_for(model_type: str, task: str = "text-generation") -> Family:
+    """The family of ``model_type`` for ``task``, or an :class:`InputError` naming the supported ones."""
     for family in FAMILIES:
-        if model_type in family.model_types:
+        if model_type in family.model_types and family.task == task:
             return family
+    supported = SUPPORTED_MODEL_TYPES.get(task, frozenset())
     raise InputError(
-        f"model_type {model_type!r} is not a supported decoder-only causal LM; "
-        f"supported: {', '.join(sorted(SUPPORTED_MODEL_TYPES))} (see `hub-export archs`)"
+        f"model_type {model_type!r} is not a supported {_WHAT.get(task, task)}; "
+        f"supported: {', '.join(sorted(supported))} (see `hub-export archs`)"
     )
 
 
@@ -83,9 +96,11 @@ def check_rope(config, max_seq_len: int) -> None:
             )
 
 
-def check_config(config, max_seq_len: int, options=None) -> Family:
-    """Refuse, before any work, a config this exporter cannot export faithfully."""
-    family = family_for(config.model_type)
+def check_config(config, max_seq_len: int, options=None, task: str = "text-generation") -> Family:
+    """Refuse, before any work, a config this exporter cannot export faithfully for ``task``."""
+    family = family_for(config.model_type, task)
+    if task != "text-generation":
+        return family
     check_rope(config, max_seq_len)
     if options is not None and options.attention_sink is not None:
         check_attention_sink(config)
@@ -146,7 +161,7 @@ def layer_windows(settings: Mapping[str, Any]) -> list[int | None]:
 
 def markdown_table() -> str:
     """The support table as Markdown (README and ``hub-export archs --markdown``)."""
-    rows = ["| Family | model_type | Cache | Status | Notes |", "|---|---|---|---|---|"]
+    rows = ["| Task | Family | model_type | Cache | Status | Notes |", "|---|---|---|---|---|---|"]
     for f in FAMILIES:
-        rows.append(f"| {f.name} | {', '.join(f.model_types)} | {f.cache} | {f.status} | {f.notes} |")
+        rows.append(f"| {f.task} | {f.name} | {', '.join(f.model_types)} | {f.cache} | {f.status} | {f.notes} |")
     return "\n".join(rows)

@@ -12,9 +12,9 @@ import copy
 import time
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING, Any, Callable
 
-from . import quantize, source as source_stage
+from . import embeddings, quantize, source as source_stage, tasks
 from .errors import VerificationError
 from .manifest import Variant, Verification, sha256_file
 from .options import variant_filename
@@ -62,13 +62,14 @@ def token_ids(model) -> tuple[int | None, list[int]]:
     return (bos[0] if isinstance(bos, list) else bos), eos
 
 
-def load_model(path: Path, trust_remote_code: bool):
+def load_model(path: Path, trust_remote_code: bool, task: tasks.Task = tasks.TEXT_GENERATION):
+    """The fp32 model of ``path``, in the class ``task`` loads (a causal LM, a bare encoder)."""
     import torch
-    from transformers import AutoModelForCausalLM
+    import transformers
 
-    model = AutoModelForCausalLM.from_pretrained(
-        path, dtype=torch.float32, trust_remote_code=trust_remote_code, low_cpu_mem_usage=True
-    )
+    auto_class = getattr(transformers, task.auto_class)
+    model = auto_class.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code,
+                                       low_cpu_mem_usage=True)
     return model.eval()
 
 
@@ -116,6 +117,10 @@ class RunState:
     mixed_plan: "MixedPlan | None" = None  # the calibrated int8 layers of the mixed qmode, measured once per run
     variants: list[Variant] = field(default_factory=list)
 
+    @property
+    def task(self) -> tasks.Task:
+        return tasks.task_for(self.src.config, self.options.task)
+
 
 def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     """Quantize, export, lower and verify one variant of ``run`` into its staging folder.
@@ -124,8 +129,52 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     released as soon as this one no longer shares them. A verified variant's memory is
     measured by a probe process started now, so its imports overlap the lowering.
     """
+    return _BUILDERS[run.task.name](run, qmode, last)
+
+
+def _build_text_variant(run: RunState, qmode: str, last: bool) -> Variant:
     with MemoryProbe() if run.reference is not None else contextlib.nullcontext() as probe:
         return _build_variant(run, qmode, last, probe)
+
+
+def _build_embedding_variant(run: RunState, qmode: str, last: bool) -> Variant:
+    """One sentence-embedding variant: quantize a copy, wrap it with its pooling, export, lower, verify."""
+    opts = run.options
+    name = variant_filename(qmode, opts.qembedding)
+    mode = quantize.QMODES[qmode]
+    started = time.perf_counter()
+    pooling = embeddings.Pooling.of_folder(run.src.path)
+    reference = run.reference
+    model, fallback, expected = _quantized_copy(
+        run, qmode, name, None, last,
+        lambda quantized: embeddings.eager_vectors(embeddings.SentenceEmbedder(quantized, pooling), reference.inputs))
+    embedder = embeddings.SentenceEmbedder(model, pooling).eval()
+    run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len})", "export", name)
+    program = embeddings.export_embedder(embedder, run.max_seq_len)
+    metadata = embeddings.embedder_metadata(run.max_seq_len, int(model.config.hidden_size), pooling)
+    del embedder, model
+    if last:
+        run.model = None
+    release_memory()
+    run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)", "lower", name)
+    path = run.workdir / name
+    partitions = iter(range(1, 1 << 30))
+    to_pte(program, metadata, path,
+           on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name))
+    del program
+    seconds = time.perf_counter() - started
+    verification = Verification.skipped_record()
+    if reference is not None:
+        run.say(f"[{name}] verifying against eager on {len(reference.inputs)} sentences", "verify", name)
+        verification = embeddings.verify_variant(path, expected, reference, mode, opts.qembedding)
+        if not verification.passed:
+            raise VerificationError(f"{name} failed verification: {verification.failure}")
+    return Variant(
+        file=name, qmode=qmode, qembedding=opts.qembedding, group_size=opts.group_size if mode.grouped else None,
+        max_seq_len=run.max_seq_len, size_bytes=path.stat().st_size, sha256=sha256_file(path), metadata=metadata,
+        verification=verification, export_seconds=round(seconds, 2), per_channel_fallback=fallback,
+        recipe=_recipe_record(mode, opts, None),
+    )
 
 
 def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
@@ -134,7 +183,8 @@ def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
     mode = quantize.QMODES[qmode]
     started = time.perf_counter()
     plan = run.mixed_plan if mode.calibrated else None
-    model, fallback, expected = _quantized_copy(run, qmode, name, plan, last)
+    model, fallback, expected = _quantized_copy(run, qmode, name, plan, last,
+                                                lambda quantized: expected_logits(quantized, run.reference))
     release_memory()
     path, metadata, layout = _lower(run, model, name)
     del model
@@ -165,7 +215,8 @@ def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
     )
 
 
-def _quantized_copy(run: RunState, qmode: str, name: str, plan: "MixedPlan | None", last: bool):
+def _quantized_copy(run: RunState, qmode: str, name: str, plan: "MixedPlan | None", last: bool,
+                    expect: Callable[["torch.nn.Module"], Any]):
     """(a quantized copy of ``run``'s model, the layers that fell back to per-channel int8, what the ``.pte`` must
     reproduce: the copy's logits on the verification sequences, or None without verification)."""
     opts = run.options
@@ -173,7 +224,7 @@ def _quantized_copy(run: RunState, qmode: str, name: str, plan: "MixedPlan | Non
     model = weight_sharing_copy(run.model)
     recipe = opts.recipe(frozenset(plan.eight_bit) if plan else frozenset())
     fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings, recipe)
-    expected = expected_logits(model, run.reference) if run.reference is not None else None
+    expected = expect(model) if run.reference is not None else None
     if last and shared_fraction(model, run.model) < 0.1:
         # No later variant needs the fp32 weights: free them before lowering. The
         # few still shared (norms) are copied first, since they keep the memory map of
@@ -207,6 +258,10 @@ def _lower(run: RunState, model, name: str):
     to_pte(program, metadata, path, data_path,
            on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name))
     return path, metadata, layout
+
+
+# How each task builds one variant.
+_BUILDERS = {"text-generation": _build_text_variant, "feature-extraction": _build_embedding_variant}
 
 
 def judge_kind(kind: str, kv_cache: str) -> str:

@@ -461,6 +461,14 @@ class Quality:
         return text + (f", KL {self.kl:.2f}" if self.kl is not None else "")
 
 
+def _figures(data: Any) -> dict[str, float] | None:
+    """A task's figures from JSON: names of at most 64 characters to finite numbers; anything else dropped."""
+    if not isinstance(data, dict):
+        return None
+    kept = {name: _finite(value) for name, value in list(data.items())[:32] if isinstance(name, str) and len(name) <= 64}
+    return {name: value for name, value in kept.items() if value is not None}
+
+
 _VERIFICATION_FLOATS = (
     "mean_kl_vs_eager", "top1_agreement", "top1_within_ties", "max_kl", "min_top1", "max_abs_diff", "relative_l2",
     "quant_max_abs_diff_vs_fp32", "quant_relative_l2_vs_fp32", "quant_top1_vs_fp32",
@@ -497,6 +505,9 @@ class Verification:
     runner_decode_tokens_per_s: float | None = None
     failure: str | None = None
     quality: Quality | None = None
+    # Figures of a task other than text generation, by name (sentence embeddings: the cosine
+    # similarities to eager's and fp32's vectors and the nearest-neighbour agreement).
+    figures: dict[str, float] | None = None
 
     @classmethod
     def skipped_record(cls) -> "Verification":
@@ -515,14 +526,20 @@ class Verification:
             runner_generated_tokens=_count(data.get("runner_generated_tokens")),
             failure=data["failure"][:300] if isinstance(data.get("failure"), str) else None,
             quality=Quality.from_dict(data.get("quality")),
+            figures=_figures(data.get("figures")),
             **{name: _finite(data.get(name)) for name in _VERIFICATION_FLOATS},
         )
 
     def to_dict(self) -> dict[str, Any]:
         if self.skipped:
             return {"skipped": True}
-        data = {name: _rounded(value) for name, value in asdict(self).items() if name not in ("skipped", "quality")}
+        data = {name: _rounded(value) for name, value in asdict(self).items()
+                if name not in ("skipped", "quality", "figures")}
         data["quality"] = self.quality.to_dict() if self.quality is not None else None
+        if self.figures is not None:
+            # six digits: a cosine of 0.99994 must not read as 1
+            data["figures"] = {name: float(f"{value:.6g}") for name, value in self.figures.items()
+                               if math.isfinite(value)}
         return data
 
     @property
@@ -534,6 +551,8 @@ class Verification:
         """``KL 0.024, top-1 88% vs eager``, tolerant of missing figures."""
         if self.skipped:
             return "not verified"
+        if self.figures is not None and self.figures.get("min_cosine_vs_eager") is not None:
+            return f"cosine {self.figures['min_cosine_vs_eager']:.4f} (worst sentence) vs eager"
         kl, top1 = self.mean_kl_vs_eager, self.top1_agreement
         parts = ([f"KL {kl:.2g}"] if kl is not None else []) + ([f"top-1 {top1:.0%}"] if top1 is not None else [])
         if not parts and self.max_abs_diff is not None:  # a manifest from before the KL judge
@@ -541,6 +560,11 @@ class Verification:
         return (", ".join(parts) + " vs eager") if parts else "unknown (the manifest lacks its figures)"
 
     def quality_cell(self) -> str:
+        """The card's quality cell: perplexity against fp32's, or an embedding's cosine to fp32's vectors."""
+        if self.figures is not None and self.figures.get("mean_cosine_vs_fp32") is not None:
+            figures = self.figures
+            return (f"cosine {figures['mean_cosine_vs_fp32']:.4f} (min {figures.get('min_cosine_vs_fp32', 0):.4f}), "
+                    f"neighbours {figures.get('retrieval_vs_fp32', 0):.0%}")
         return self.quality.cell() if self.quality is not None else "n/a"
 
     def line(self) -> str:
@@ -548,6 +572,8 @@ class Verification:
         if self.skipped:
             return "skipped (--no-verify)"
         quality = self.quality.summary() if self.quality is not None else None
+        if quality is None and self.figures is not None and self.figures.get("mean_cosine_vs_fp32") is not None:
+            quality = f"{self.quality_cell()} vs fp32"
         return f"verified {self.summary()}" + (f"; {quality}" if quality else "")
 
     def speed(self, stage: str) -> float | None:

@@ -24,7 +24,7 @@ import shlex
 from dataclasses import dataclass, field
 from typing import Any, Iterator
 
-from . import quantize
+from . import quantize, tasks
 from .errors import InputError, declare_spellings, opt
 
 DEFAULT_SIZE_RATIO = 1.15  # the mixed qmode's default size cap, relative to plain 8da4w
@@ -122,6 +122,9 @@ class ExportOptions:
                                    show_default=False)
     trust_remote_code: bool = _option(False, help="Allow models that need custom code from the repo.")
     allow_pickle: bool = _option(False, help="Allow pickle (*.bin) weights, which can run code when loaded.")
+    task: str | None = _option(
+        None, "--task", show_default=False,
+        help=f"What the file does: {' or '.join(tasks.TASKS)} (default: read from the model's architecture).")
 
     def __post_init__(self) -> None:
         # Lists are welcome (the CLI gives one); a tuple keeps the object hashable and frozen.
@@ -145,6 +148,8 @@ class ExportOptions:
                     f"table){'; drop ' + ', '.join(others) if others else ''}", param="share_embeddings",
                 )
         quantize.validate(list(self.qmodes), self.qembedding, self.group_size)
+        if self.task is not None:
+            tasks.check_qmodes(tasks.task_for({}, self.task), self.qmodes)
         self._validate_recipe()
         if self.max_seq_len is not None and self.max_seq_len < 2:
             raise InputError(f"{opt('max_seq_len')} must be at least 2 (got {self.max_seq_len})", param="max_seq_len")

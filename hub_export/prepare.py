@@ -10,13 +10,15 @@ in which case the result travels without the model and with the few small files
 
 from __future__ import annotations
 
+import json
 import logging
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Callable
 
-from . import archs, quantize, source as source_stage
+from . import archs, quantize, source as source_stage, tasks
 from .errors import ExportError, InputError, opt
+from .generate import chat_template
 from .options import ExportOptions
 
 if TYPE_CHECKING:
@@ -26,6 +28,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEQ_LEN = 2048
+DEFAULT_ENCODER_SEQ_LEN = 512  # BERT-class position tables; sentence-transformers' own setting wins when present
 COPIED_FILES = source_stage.CONFIG_FILES + source_stage.TOKENIZER_FILES
 
 Say = Callable[..., None]
@@ -61,7 +64,26 @@ class Prepared:
 
 def _max_positions(config: dict) -> int | None:
     text = config.get("text_config", config)
-    return text.get("max_position_embeddings") or text.get("n_positions")
+    limit = text.get("max_position_embeddings") or text.get("n_positions")
+    if limit and text.get("model_type") in ("roberta", "xlm-roberta"):
+        # RoBERTa numbers positions from padding_idx + 1: two of its table's rows are never a token's.
+        limit -= int(text.get("pad_token_id") or 1) + 1
+    return limit
+
+
+def encoder_seq_len(folder: Path, config: dict, requested: int | None) -> int:
+    """An encoder's sequence length: ``requested``, else sentence-transformers' ``max_seq_length``, else the
+    smaller of the model's limit and :data:`DEFAULT_ENCODER_SEQ_LEN`."""
+    if requested is not None:
+        return requested
+    limit = _max_positions(config) or DEFAULT_ENCODER_SEQ_LEN
+    try:
+        declared = json.loads((folder / "sentence_bert_config.json").read_text()).get("max_seq_length")
+    except (OSError, ValueError, AttributeError):
+        declared = None
+    if isinstance(declared, int) and not isinstance(declared, bool) and 2 <= declared <= limit:
+        return declared
+    return min(limit, DEFAULT_ENCODER_SEQ_LEN)
 
 
 def resolve_max_seq_len(config: dict, requested: int | None, sink: tuple[int, int] | None = None) -> int:
@@ -93,10 +115,9 @@ class ConfigView:
         return self._data.get(name)
 
 
-def _source_record(src: source_stage.Source, model) -> dict:
-    from .generate import chat_template
-
+def _source_record(src: source_stage.Source, model, task: tasks.Task) -> dict:
     record = {
+        "task": task.name,
         "id": src.name,
         "revision": src.revision,
         "local": src.is_local,
@@ -108,7 +129,46 @@ def _source_record(src: source_stage.Source, model) -> dict:
         record["gguf"] = dict(src.gguf)
     record["fingerprint"] = source_stage.fingerprint(src)
     record["chat_template"] = chat_template(src.path) is not None
+    if task is tasks.FEATURE_EXTRACTION:
+        from .embeddings import Pooling  # torch-heavy module: loaded by the run, as every stage
+
+        pooling = Pooling.of_folder(src.path)
+        record["pooling"] = {"mode": pooling.mode, "normalize": pooling.normalize}
+        record["embedding_dim"] = int(model.config.hidden_size)
     return record
+
+
+def _check_encoder_options(options: ExportOptions, task: tasks.Task) -> None:
+    """Refuse the decoder's options (KV cache, attention sink, shared embeddings) for ``task``."""
+    decoder_only = {"share_embeddings": options.share_embeddings, "attention_sink": options.attention_sink is not None,
+                    "kv_cache": options.kv_cache != "fp32", "sliding_cache": options.sliding_cache != "ring"}
+    for name, given in decoder_only.items():
+        if given:
+            raise InputError(f"{opt(name)} applies to text generation, not {task.name}; drop it", param=name)
+
+
+def _text_reference(model, src: source_stage.Source, seq_len: int, options: ExportOptions):
+    from .build import token_ids  # torch-heavy, like every stage a run needs: loaded by the run
+    from .verify import build_reference as build_text_reference
+
+    return build_text_reference(model, src.path / "tokenizer.json", seq_len, options.quality_tokens,
+                                token_ids(model)[0])
+
+
+def _embedding_reference(model, src: source_stage.Source, seq_len: int, options: ExportOptions):
+    # torch-heavy, like every stage a run needs: loaded by the run
+    from .embeddings import Pooling, SentenceEmbedder, build_reference as build_embedding_reference
+
+    return build_embedding_reference(SentenceEmbedder(model, Pooling.of_folder(src.path)), src.path / "tokenizer.json",
+                                     seq_len)
+
+
+# What each task's variants are checked against, built once per run from the fp32 model.
+_REFERENCES = {"text-generation": _text_reference, "feature-extraction": _embedding_reference}
+_REFERENCE_WORDS = {
+    "text-generation": lambda options: f"prompt + {options.quality_tokens} tokens of evaluation text",
+    "feature-extraction": lambda options: "64 sentences of evaluation text",
+}
 
 
 def resolve_source(request: SourceRequest, say: Say | None = None, precheck=None) -> source_stage.Source:
@@ -130,16 +190,21 @@ def resolve_source(request: SourceRequest, say: Say | None = None, precheck=None
 
 def prepare(request: SourceRequest, say: Say) -> Prepared:
     """Resolve, check, load and measure ``request``'s source (the model stays loaded in ``model``)."""
-    from .build import load_model, token_ids
+    # torch and the model stages load when a run starts, not on `import hub_export` (the CLI starts fast).
+    from .build import load_model
     from .patches import map_large_allocations
 
     options = request.options
     resolved_len: dict[str, int] = {}
 
     def precheck(config: dict) -> None:
+        task = tasks.task_for(config, options.task)
+        tasks.check_qmodes(task, options.qmodes)
         resolved_len["value"] = resolve_max_seq_len(config, options.max_seq_len, options.sink())
-        archs.check_config(ConfigView(config), resolved_len["value"], options)
-        if options.share_embeddings and not ConfigView(config).tie_word_embeddings:
+        archs.check_config(ConfigView(config), resolved_len["value"], options, task.name)
+        if task is not tasks.TEXT_GENERATION:
+            _check_encoder_options(options, task)
+        elif options.share_embeddings and not ConfigView(config).tie_word_embeddings:
             raise InputError(
                 f"{request.source} does not tie its input and output embeddings, so {opt('share_embeddings')} has "
                 "nothing to share; drop the flag", param="share_embeddings",
@@ -147,18 +212,17 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
 
     say(f"resolving {request.source}", "resolve")
     src = resolve_source(request, say, precheck)
+    task = tasks.task_for(src.config, options.task)
     seq_len = resolved_len["value"]
+    if task is tasks.FEATURE_EXTRACTION:
+        seq_len = encoder_seq_len(src.path, src.config, options.max_seq_len)
     map_large_allocations()
-    say(f"loading {src.name} ({src.model_type})", "load")
-    model = load_model(src.path, options.trust_remote_code)
+    say(f"loading {src.name} ({src.model_type}, {task.name})", "load")
+    model = load_model(src.path, options.trust_remote_code, task)
     reference = None
     if options.verify:
-        from .verify import build_reference
-
-        say(f"computing the fp32 eager reference (prompt + {options.quality_tokens} tokens of evaluation text)",
-            "reference")
-        reference = build_reference(model, src.path / "tokenizer.json", seq_len, options.quality_tokens,
-                                    token_ids(model)[0])
+        say(f"computing the fp32 eager reference ({_REFERENCE_WORDS[task.name](options)})", "reference")
+        reference = _REFERENCES[task.name](model, src, seq_len, options)
     mixed_plan = None
     if any(quantize.QMODES[mode].calibrated for mode in options.qmodes):
         from .calibrate import MixedPlan, plan_mixed
@@ -173,7 +237,7 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
     return Prepared(
         src=src,
         max_seq_len=seq_len,
-        record=_source_record(src, model),
+        record=_source_record(src, model, task),
         weight_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
         files=files,
         reference=reference,

@@ -81,6 +81,21 @@ class PteModel:
         check_loadable(self.path, data_path)
         self.program, self.method, self.metadata = _open_program(self.path, data_path)
 
+    def run(self, inputs: list[torch.Tensor]) -> torch.Tensor:
+        """The first output of the ``forward`` method on ``inputs``.
+
+        Raises:
+            VerificationError: the file fails to run these inputs or returns no tensor.
+        """
+        try:
+            with quiet_native_output():
+                outputs = self.method.execute(inputs)
+        except (RuntimeError, ValueError) as error:  # the binding's word for a failed method
+            raise VerificationError(f"{self.path.name} failed in the ExecuTorch runtime ({first_line(error)})") from None
+        if not outputs or not isinstance(outputs[0], torch.Tensor):
+            raise VerificationError(f"{self.path.name} returned no tensor")
+        return outputs[0]
+
     def forward(self, input_ids: torch.Tensor, start_pos: int) -> torch.Tensor:
         """Logits of the last position, ``[vocab]``.
 
@@ -88,16 +103,10 @@ class PteModel:
             VerificationError: the file fails to run these inputs or returns something that is not logits.
         """
         positions = torch.arange(start_pos, start_pos + input_ids.shape[1], dtype=torch.long)
-        try:
-            with quiet_native_output():
-                outputs = self.method.execute([input_ids, positions])
-        except (RuntimeError, ValueError) as error:  # the binding's word for a failed method
-            raise VerificationError(f"{self.path.name} failed in the ExecuTorch runtime ({first_line(error)})") from None
-        output = outputs[0] if outputs else None
+        output = self.run([input_ids, positions])
         vocab = self.metadata.get("get_vocab_size")
-        if not isinstance(output, torch.Tensor) or output.dim() < 1 or (vocab and output.shape[-1] != int(vocab)):
-            shape = tuple(output.shape) if isinstance(output, torch.Tensor) else type(output).__name__
-            raise VerificationError(f"{self.path.name} returned {shape}, not logits over its {vocab} tokens")
+        if output.dim() < 1 or (vocab and output.shape[-1] != int(vocab)):
+            raise VerificationError(f"{self.path.name} returned {tuple(output.shape)}, not logits over its {vocab} tokens")
         return output.reshape(-1, output.shape[-1])[-1]
 
 

@@ -18,6 +18,10 @@ from .errors import InputError, SourceError, opt
 from .hub import hub_errors, resolve_endpoint
 
 CONFIG_FILES = ["config.json", "generation_config.json"]
+# sentence-transformers' description of an embedding model: which pooling, whether normalised,
+# its sequence length. Read at export (the pooling goes into the .pte), not copied.
+SENTENCE_FILES = ["modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
+                  "1_Pooling/config.json"]
 WEIGHT_PATTERNS = ["*.safetensors", "model.safetensors.index.json"]
 PICKLE_PATTERNS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 TOKENIZER_FILES = [
@@ -86,7 +90,7 @@ def _select_files(names: list[str], allow_pickle: bool, where: str) -> list[str]
                 f"pass {opt('allow_pickle')} if you trust the source", param="allow_pickle",
             )
         weights = pickles
-    wanted = [n for n in names if n in CONFIG_FILES or n in TOKENIZER_FILES or n == CARD_FILE]
+    wanted = [n for n in names if n in CONFIG_FILES or n in TOKENIZER_FILES or n in SENTENCE_FILES or n == CARD_FILE]
     return wanted + weights
 
 

@@ -119,10 +119,9 @@ def build_job(job: VariantJob, say: Callable[..., None]) -> "Variant":
 
     torch.set_num_threads(job.threads)
     map_large_allocations()
-    model = load_model(job.src.path, job.options.trust_remote_code)
-    run = RunState(model, job.src, job.options, job.max_seq_len, job.workdir, job.reference, say=say,
+    run = RunState(None, job.src, job.options, job.max_seq_len, job.workdir, job.reference, say=say,
                    mixed_plan=job.mixed_plan)
-    del model
+    run.model = load_model(job.src.path, job.options.trust_remote_code, run.task)
     return build_variant(run, job.qmode, last=True)
 
 

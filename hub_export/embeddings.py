@@ -1,0 +1,285 @@
+"""Sentence embeddings: an encoder and its sentence-transformers pooling as one ``.pte`` method.
+
+The exported ``forward`` takes token ids and an attention mask, ``[1, seq]`` each with
+``seq`` dynamic up to the file's ``get_max_seq_len``, and returns the pooled sentence
+vector ``[1, dim]`` the model's sentence-transformers configuration asks for (mean or
+CLS pooling, normalised or not). A device needs only the tokenizer and this file.
+
+Verification runs real sentences (:func:`eval_sentences`) through the ``.pte`` and
+compares its vectors with the eager model's (cosine similarity per sentence) and the
+nearest neighbour of each sentence within the set (retrieval agreement).
+
+Example:
+    >>> pooling = Pooling.of_folder("all-MiniLM-L6-v2")
+    >>> pooling
+    Pooling(mode='mean', normalize=True)
+    >>> vectors = Embedder("out/model-8da8w.pte", "out").embed(["A cat sat.", "A dog ran."])
+    >>> vectors.shape
+    torch.Size([2, 384])
+"""
+
+from __future__ import annotations
+
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from .errors import InputError, VerificationError, first_line
+from .manifest import Verification
+from .quantize import QEMBEDDINGS, QMode
+from .runtime import PteModel
+
+POOLING_MODES = ("mean", "cls", "max")
+# sentence-transformers' Pooling config keys for the modes above
+_POOLING_KEYS = {"pooling_mode_mean_tokens": "mean", "pooling_mode_cls_token": "cls", "pooling_mode_max_tokens": "max"}
+EVAL_SENTENCES = 64  # real sentences of the shipped evaluation text every variant is checked on
+# The least cosine similarity to eager's vector that any sentence may have, by kind of file.
+# fp32 must be exact to rounding; 8-bit keeps direction to 1%; 4-bit weights move vectors
+# further (all-MiniLM-L6-v2 8da4w: min 0.945, mean 0.965 on the 64 sentences).
+MIN_COSINE_VS_FP32 = {32: 0.9999, 8: 0.99, 4: 0.90}
+# The least cosine similarity to the quantized eager model's vector: the lowering's own
+# error. Float math matches to rounding; int8 dynamic activations are rounded by other
+# kernels in the runtime than in eager.
+MIN_COSINE_VS_EAGER = {"fp32": 0.9999, "weight_only": 0.9999, "dynamic": 0.995}
+
+
+@dataclass(frozen=True)
+class Pooling:
+    """How token vectors become one sentence vector (sentence-transformers' ``Pooling`` + ``Normalize``)."""
+
+    mode: str = "mean"
+    normalize: bool = False
+
+    @classmethod
+    def of_folder(cls, folder: str | Path) -> "Pooling":
+        """The pooling a sentence-transformers folder declares; mean, unnormalised, for a plain encoder.
+
+        Raises:
+            InputError: the folder declares a pooling mode this export does not implement.
+        """
+        folder = Path(folder)
+        modules = _json_or_none(folder / "modules.json")
+        if not isinstance(modules, list):
+            return cls()
+        types = {str(m.get("type", "")).rsplit(".", 1)[-1]: m for m in modules if isinstance(m, dict)}
+        normalize = "Normalize" in types
+        pooling_path = str(types.get("Pooling", {}).get("path", "1_Pooling"))
+        config = _json_or_none(folder / Path(pooling_path).name / "config.json") or {}
+        chosen = [key for key, on in config.items() if key.startswith("pooling_mode_") and on is True]
+        modes = [_POOLING_KEYS.get(key) for key in chosen]
+        if len(chosen) > 1 or None in modes:
+            raise InputError(f"{folder.name} pools with {', '.join(chosen)}; supported: one of "
+                             f"{', '.join(_POOLING_KEYS)}")
+        return cls(mode=modes[0] if modes else "mean", normalize=normalize)
+
+
+def _json_or_none(path: Path) -> Any:
+    try:
+        return json.loads(path.read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        return None
+
+
+class SentenceEmbedder(nn.Module):
+    """``encoder`` followed by ``pooling``: (input_ids, attention_mask) ``[1, seq]`` -> ``[1, dim]``."""
+
+    def __init__(self, encoder: nn.Module, pooling: Pooling):
+        super().__init__()
+        self.encoder = encoder
+        self.pooling = pooling
+
+    def forward(self, input_ids: torch.Tensor, attention_mask: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(input_ids=input_ids, attention_mask=attention_mask).last_hidden_state
+        mask = attention_mask.unsqueeze(-1).to(hidden.dtype)
+        if self.pooling.mode == "cls":
+            pooled = hidden[:, 0]
+        elif self.pooling.mode == "max":
+            pooled = (hidden + (mask - 1.0) * 1e9).max(dim=1).values
+        else:
+            pooled = (hidden * mask).sum(1) / mask.sum(1).clamp_min(1e-9)
+        return nn.functional.normalize(pooled, dim=-1) if self.pooling.normalize else pooled
+
+
+def export_embedder(embedder: SentenceEmbedder, max_seq_len: int) -> torch.export.ExportedProgram:
+    """``embedder`` traced with a sequence length from 2 to ``max_seq_len`` (a sentence has at least its two
+    special tokens)."""
+    seq = torch.export.Dim("seq", min=2, max=max_seq_len)
+    example = torch.ones(1, min(16, max_seq_len), dtype=torch.long)
+    with torch.no_grad():
+        return torch.export.export(embedder, (example, torch.ones_like(example)),
+                                   dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}}, strict=False)
+
+
+def embedder_metadata(max_seq_len: int, dim: int, pooling: Pooling) -> dict[str, Any]:
+    """The constant methods of an embedding ``.pte``: what a device reads before it tokenizes."""
+    return {
+        "get_max_seq_len": max_seq_len,
+        "get_embedding_dim": dim,
+        "get_pooling_mode": POOLING_MODES.index(pooling.mode),  # 0 mean, 1 cls, 2 max
+        "is_normalized": pooling.normalize,
+    }
+
+
+def eval_sentences(count: int = EVAL_SENTENCES) -> list[str]:
+    """The first ``count`` sentences of the shipped English evaluation text (never the calibration text)."""
+    text = resources.files("hub_export").joinpath("data", "eval_en.txt").read_text(encoding="utf-8")
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.strip()) > 20]
+    return sentences[:count]
+
+
+def _tokenizer(tokenizer_json: str | Path, max_seq_len: int):
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
+    tokenizer.no_padding()
+    tokenizer.enable_truncation(max_seq_len)
+    return tokenizer
+
+
+def encode(tokenizer, text: str) -> tuple[torch.Tensor, torch.Tensor]:
+    """(input_ids, attention_mask), ``[1, seq]`` each, for one text."""
+    encoding = tokenizer.encode(text)
+    ids = torch.tensor([encoding.ids], dtype=torch.long)
+    return ids, torch.ones_like(ids)
+
+
+@dataclass
+class EmbeddingReference:
+    """The sentences every variant embeds, and the fp32 eager model's vectors for them."""
+
+    sentences: list[str]
+    inputs: list[tuple[torch.Tensor, torch.Tensor]]
+    vectors: torch.Tensor  # [N, dim]
+
+
+def build_reference(embedder: SentenceEmbedder, tokenizer_json: str | Path, max_seq_len: int,
+                    sentences: list[str] | None = None) -> EmbeddingReference:
+    """Eager vectors of ``sentences`` (default: :func:`eval_sentences`) through ``embedder``."""
+    sentences = sentences or eval_sentences()
+    tokenizer = _tokenizer(tokenizer_json, max_seq_len)
+    inputs = [encode(tokenizer, sentence) for sentence in sentences]
+    return EmbeddingReference(sentences, inputs, eager_vectors(embedder, inputs))
+
+
+def eager_vectors(embedder: nn.Module, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    with torch.no_grad():
+        return torch.cat([embedder(ids, mask) for ids, mask in inputs]).float()
+
+
+@dataclass
+class EmbeddingCheck:
+    """How a ``.pte``'s vectors compare with eager's on the reference sentences."""
+
+    sentences: int
+    min_cosine: float
+    mean_cosine: float
+    retrieval_agreement: float  # share of sentences whose nearest other sentence is eager's
+    threshold: float
+    failure: str | None = None
+
+    @property
+    def passed(self) -> bool:
+        return self.failure is None
+
+
+def retrieval_agreement(actual: torch.Tensor, expected: torch.Tensor) -> float:
+    """Share of rows whose most similar other row (cosine) is the same in ``actual`` as in ``expected``."""
+
+    def nearest(vectors: torch.Tensor) -> torch.Tensor:
+        unit = nn.functional.normalize(vectors.float(), dim=-1)
+        similarity = unit @ unit.T
+        similarity.fill_diagonal_(-2.0)
+        return similarity.argmax(dim=1)
+
+    return (nearest(actual) == nearest(expected)).float().mean().item()
+
+
+def compare(actual: torch.Tensor, expected: torch.Tensor, threshold: float) -> EmbeddingCheck:
+    """Cosine and retrieval figures of ``actual`` against ``expected`` (``[N, dim]`` each), judged by ``threshold``."""
+    cosine = nn.functional.cosine_similarity(actual.float(), expected.float(), dim=-1)
+    check = EmbeddingCheck(
+        sentences=int(actual.shape[0]), min_cosine=cosine.min().item(), mean_cosine=cosine.mean().item(),
+        retrieval_agreement=retrieval_agreement(actual, expected), threshold=threshold,
+    )
+    if not torch.isfinite(actual).all():
+        check.failure = "the runtime produced non-finite vectors"
+    elif check.min_cosine < threshold:
+        check.failure = (f"cosine similarity to eager {check.min_cosine:.4f} on the worst of {check.sentences} "
+                         f"sentences is below {threshold}")
+    return check
+
+
+def pte_vectors(pte_path: str | Path, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """The ``.pte``'s vectors for ``inputs``, ``[N, dim]``.
+
+    Raises:
+        VerificationError: the file does not load or run.
+    """
+    model = PteModel(pte_path)
+    return torch.cat([model.run([ids, mask]) for ids, mask in inputs]).float()
+
+
+def verify_variant(pte_path: str | Path, expected: torch.Tensor, reference: EmbeddingReference, mode: QMode,
+                   qembedding: str | None = None) -> Verification:
+    """Check ``pte_path`` against the quantized eager model's vectors (``expected``) and measure what
+    quantization kept of fp32's (``reference``).
+
+    Passes when the worst sentence's cosine to eager is within the lowering's tolerance
+    (:data:`MIN_COSINE_VS_EAGER`) and to fp32 within the quantization's
+    (:data:`MIN_COSINE_VS_FP32`, by the fewest bits of the weights and the embedding table).
+    """
+    bits = min(mode.weight_bits, QEMBEDDINGS.get(qembedding or "", 32))
+    limits = {"min_cosine_vs_eager_required": MIN_COSINE_VS_EAGER[mode.tolerance],
+              "min_cosine_vs_fp32_required": MIN_COSINE_VS_FP32[bits]}
+    try:
+        vectors = pte_vectors(pte_path, reference.inputs)
+    except VerificationError as error:
+        return Verification(False, failure=f"runtime error: {first_line(error)[:200]}", figures=limits)
+    against_eager = compare(vectors, expected, limits["min_cosine_vs_eager_required"])
+    against_fp32 = compare(vectors, reference.vectors, limits["min_cosine_vs_fp32_required"])
+    figures = {
+        **limits, "sentences": float(against_eager.sentences),
+        "min_cosine_vs_eager": against_eager.min_cosine, "mean_cosine_vs_eager": against_eager.mean_cosine,
+        "min_cosine_vs_fp32": against_fp32.min_cosine, "mean_cosine_vs_fp32": against_fp32.mean_cosine,
+        "retrieval_vs_fp32": against_fp32.retrieval_agreement,
+    }
+    failure = against_eager.failure and f"against eager: {against_eager.failure}"
+    failure = failure or (against_fp32.failure and f"against fp32: {against_fp32.failure}")
+    return Verification(failure is None, positions=against_eager.sentences, failure=failure, figures=figures)
+
+
+class Embedder:
+    """An embedding ``.pte`` and its tokenizer, ready to embed texts.
+
+    Example:
+        >>> embedder = Embedder("out/model-8da8w.pte", "out")
+        >>> embedder.similarities(["A cat sat.", "A kitten sat.", "Stocks fell."]).shape
+        torch.Size([3, 3])
+    """
+
+    def __init__(self, pte_path: str | Path, tokenizer_dir: str | Path):
+        tokenizer_json = Path(tokenizer_dir) / "tokenizer.json"
+        if not tokenizer_json.is_file():
+            raise InputError(f"no tokenizer.json in {Path(tokenizer_dir).name}/; pass the export folder")
+        self.model = PteModel(pte_path)
+        if "get_embedding_dim" not in self.model.metadata:
+            raise InputError(f"{Path(pte_path).name} is not a sentence-embedding file (it has no get_embedding_dim)")
+        self.max_seq_len = int(self.model.metadata["get_max_seq_len"])
+        self.tokenizer = _tokenizer(tokenizer_json, self.max_seq_len)
+
+    def embed(self, texts: list[str]) -> torch.Tensor:
+        """One vector per text, ``[len(texts), dim]``, in order."""
+        if not texts:
+            raise InputError("give at least one text to embed")
+        return torch.cat([self.model.run(list(encode(self.tokenizer, text))) for text in texts]).float()
+
+    def similarities(self, texts: list[str]) -> torch.Tensor:
+        """Pairwise cosine similarities of ``texts``, ``[n, n]``."""
+        unit = nn.functional.normalize(self.embed(texts), dim=-1)
+        return unit @ unit.T

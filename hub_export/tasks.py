@@ -1,0 +1,100 @@
+"""Tasks: what a model takes and returns, and the stages that differ by it.
+
+Every export runs the same pipeline (resolve -> load -> reference -> quantize -> wrap ->
+lower -> verify -> card -> publish); a :class:`Task` names what differs: which model
+class loads the checkpoint, what the ``.pte``'s method takes and returns, how a variant
+is verified and what quality figure it reports, the card's pipeline tag and usage, and
+the qmodes that make sense. Adding a task is adding one entry here and the module that
+implements its stages.
+
+Example:
+    >>> task_for({"architectures": ["BertModel"], "model_type": "bert"}).name
+    'feature-extraction'
+    >>> task_for({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}).name
+    'text-generation'
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+from .archs import SUPPORTED_MODEL_TYPES
+from .errors import InputError, opt
+
+
+@dataclass(frozen=True)
+class Task:
+    """One kind of model the exporter handles."""
+
+    name: str  # the Hub's pipeline tag, also the value of --task
+    takes: str  # what the .pte's forward method takes
+    returns: str  # and what it returns
+    qmodes: tuple[str, ...]  # the qmodes that make sense for it (others are refused)
+    auto_class: str  # the transformers class that loads the checkpoint
+    quality: str  # the quality figure each variant reports
+
+    @property
+    def pipeline_tag(self) -> str:
+        return self.name
+
+
+TEXT_GENERATION = Task(
+    name="text-generation",
+    takes="token ids [1, seq] and their cache positions [seq]",
+    returns="next-token logits; a static KV cache lives inside the program",
+    qmodes=("fp32", "8da4w", "8da8w", "mixed", "4w", "8w"),
+    auto_class="AutoModelForCausalLM",
+    quality="perplexity on English prose against fp32's, top-1 and KL against the eager model",
+)
+FEATURE_EXTRACTION = Task(
+    name="feature-extraction",
+    takes="token ids and attention mask [1, seq], seq up to the file's get_max_seq_len",
+    returns="the pooled sentence embedding [1, dim] (the model's sentence-transformers pooling, normalised if it is)",
+    qmodes=("fp32", "8da8w", "8w", "8da4w", "4w"),
+    auto_class="AutoModel",
+    quality="cosine similarity to fp32 eager's vectors on 64 real sentences, and nearest-neighbour agreement",
+)
+
+TASKS: dict[str, Task] = {task.name: task for task in (TEXT_GENERATION, FEATURE_EXTRACTION)}
+
+# Heads of architectures that belong to a task none of TASKS implements yet: refused by name.
+_OTHER_HEADS = {"ForMaskedLM": "fill-mask", "ForSequenceClassification": "text-classification",
+                "ForTokenClassification": "token-classification", "ForImageClassification": "image-classification",
+                "ForConditionalGeneration": "text2text-generation or a multimodal task",
+                "ForSpeechSeq2Seq": "automatic-speech-recognition", "ForQuestionAnswering": "question-answering"}
+
+
+def task_for(config: dict, requested: str | None = None) -> Task:
+    """The task of a checkpoint with ``config`` (its ``config.json``): ``requested``, or read from its architecture.
+
+    A bare encoder (``BertModel``) is feature extraction; a ``...ForCausalLM`` is text
+    generation.
+
+    Raises:
+        InputError: ``requested`` is not a task, or the architecture's task is not supported.
+    """
+    if requested is not None:
+        if requested not in TASKS:
+            raise InputError(f"unknown {opt('task')} {requested!r}; choose from {', '.join(TASKS)}", param="task")
+        return TASKS[requested]
+    architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
+    if config.get("model_type") in SUPPORTED_MODEL_TYPES["text-generation"]:
+        return TEXT_GENERATION  # a decoder family, whatever head its config names
+    for architecture in architectures:
+        if architecture.endswith("ForCausalLM") or architecture.endswith("LMHeadModel"):
+            return TEXT_GENERATION
+        if architecture.endswith("Model") and not architecture.endswith("PreTrainedModel"):
+            return FEATURE_EXTRACTION
+        for head, task in _OTHER_HEADS.items():
+            if architecture.endswith(head):
+                raise InputError(f"{architecture} is a {task} model, which hub-export does not export yet; "
+                                 f"supported tasks: {', '.join(TASKS)} (see `hub-export archs`)")
+    return TEXT_GENERATION  # no architecture named: the decoder checks say what is missing
+
+
+def check_qmodes(task: Task, qmodes: tuple[str, ...] | list[str]) -> None:
+    """Refuse qmodes that make no sense for ``task`` (the calibrated ``mixed`` plan is a decoder's)."""
+    others = [mode for mode in qmodes if mode not in task.qmodes]
+    if others:
+        raise InputError(f"{opt('qmodes')} {', '.join(others)} does not apply to {task.name}; choose from "
+                         f"{', '.join(task.qmodes)}", param="qmodes")
