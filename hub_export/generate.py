@@ -207,6 +207,9 @@ def stream_generate(
     sampling = sampling or Sampling()
     tokenizer, ids, chat = _encode_prompt(Path(tokenizer_dir), prompt, max_new_tokens, sampling, chat, system)
     model = PteModel(pte_path)
+    if "get_embedding_dim" in model.metadata:
+        raise InputError(f"{Path(pte_path).name} is a sentence-embedding file, which does not generate text; "
+                         "use `hub-export embed` (hub_export.embed)")
     chunk = max(1, int(model.metadata.get("get_max_seq_len", 0)) - 1)  # the longest forward the file takes
     max_len = max(int(model.metadata.get("get_max_context_len", 0)), chunk + 1)
     eos = set(model.metadata.get("get_eos_ids", []))

@@ -32,6 +32,7 @@ class Task:
     qmodes: tuple[str, ...]  # the qmodes that make sense for it (others are refused)
     auto_class: str  # the transformers class that loads the checkpoint
     quality: str  # the quality figure each variant reports
+    card_template: str  # the bundled card body (templates/), which includes the parts every task shares
 
     @property
     def pipeline_tag(self) -> str:
@@ -45,6 +46,7 @@ TEXT_GENERATION = Task(
     qmodes=("fp32", "8da4w", "8da8w", "mixed", "4w", "8w"),
     auto_class="AutoModelForCausalLM",
     quality="perplexity on English prose against fp32's, top-1 and KL against the eager model",
+    card_template="model_card.md.j2",
 )
 FEATURE_EXTRACTION = Task(
     name="feature-extraction",
@@ -53,6 +55,7 @@ FEATURE_EXTRACTION = Task(
     qmodes=("fp32", "8da8w", "8w", "8da4w", "4w"),
     auto_class="AutoModel",
     quality="cosine similarity to fp32 eager's vectors on 64 real sentences, and nearest-neighbour agreement",
+    card_template="model_card_feature_extraction.md.j2",
 )
 
 TASKS: dict[str, Task] = {task.name: task for task in (TEXT_GENERATION, FEATURE_EXTRACTION)}
