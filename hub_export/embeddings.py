@@ -129,7 +129,7 @@ def embedder_metadata(max_seq_len: int, dim: int, pooling: Pooling) -> dict[str,
 def eval_sentences(count: int = EVAL_SENTENCES) -> list[str]:
     """The first ``count`` sentences of the shipped English evaluation text (never the calibration text)."""
     text = resources.files("hub_export").joinpath("data", "eval_en.txt").read_text(encoding="utf-8")
-    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.strip()) > 20]
+    sentences = [s.strip() for s in re.split(r"(?<=[.!?])\s+", text) if len(s.split()) >= 6]
     return sentences[:count]
 
 
