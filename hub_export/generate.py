@@ -174,14 +174,8 @@ class GenerationResponse:
 
 
 def stream_generate(
-    pte_path: str | Path,
-    tokenizer_dir: str | Path,
-    prompt: str,
-    *,
-    max_new_tokens: int = 64,
-    sampling: Sampling | None = None,
-    chat: bool | None = None,
-    system: str | None = None,
+    pte_path: str | Path, tokenizer_dir: str | Path, prompt: str, *, max_new_tokens: int = 64,
+    sampling: Sampling | None = None, chat: bool | None = None, system: str | None = None,
 ) -> Iterator[GenerationResponse]:
     """Generate from ``prompt`` with a ``.pte``, yielding a :class:`GenerationResponse` per token.
 
@@ -207,12 +201,7 @@ def stream_generate(
     sampling = sampling or Sampling()
     tokenizer, ids, chat = _encode_prompt(Path(tokenizer_dir), prompt, max_new_tokens, sampling, chat, system)
     model = PteModel(pte_path)
-    if "get_embedding_dim" in model.metadata:
-        raise InputError(f"{Path(pte_path).name} is a sentence-embedding file, which does not generate text; "
-                         "use `hub-export embed` (hub_export.embed)")
-    chunk = max(1, int(model.metadata.get("get_max_seq_len", 0)) - 1)  # the longest forward the file takes
-    max_len = max(int(model.metadata.get("get_max_context_len", 0)), chunk + 1)
-    eos = set(model.metadata.get("get_eos_ids", []))
+    chunk, max_len, eos = _limits(model)
     if len(ids) >= max_len:
         raise InputError(f"the prompt is {len(ids)} tokens; this file holds at most {max_len - 1}")
 
@@ -239,6 +228,16 @@ def stream_generate(
             return
         logits = model.forward(torch.tensor([[token]], dtype=torch.long), start_pos=position)
         position += 1
+
+
+def _limits(model) -> tuple[int, int, set[int]]:
+    """(the longest forward the file takes, its context, its EOS ids); a file of another task is refused."""
+    if "get_embedding_dim" in model.metadata:
+        raise InputError(f"{model.path.name} is a sentence-embedding file, which does not generate text; "
+                         "use `hub-export embed` (hub_export.embed)")
+    chunk = max(1, int(model.metadata.get("get_max_seq_len", 0)) - 1)
+    max_len = max(int(model.metadata.get("get_max_context_len", 0)), chunk + 1)
+    return chunk, max_len, set(model.metadata.get("get_eos_ids", []))
 
 
 def _prefill(model, ids: list[int], chunk: int):
