@@ -175,7 +175,7 @@ class GenerationResponse:
 
 def stream_generate(
     pte_path: str | Path, tokenizer_dir: str | Path, prompt: str, *, max_new_tokens: int = 64,
-    sampling: Sampling | None = None, chat: bool | None = None, system: str | None = None,
+    sampling: Sampling | None = None, chat: bool | None = None, system: str | None = None
 ) -> Iterator[GenerationResponse]:
     """Generate from ``prompt`` with a ``.pte``, yielding a :class:`GenerationResponse` per token.
 
