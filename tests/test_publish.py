@@ -92,11 +92,24 @@ def _generate_from_repo(hub: LocalHubFixture, repo_id: str, variant: str):
 
 
 def _run_card_snippet(repo_id: str) -> str:
-    """Run the Python snippet of ``repo_id``'s model card as published; returns what it printed."""
+    """Run the Python snippet of ``repo_id``'s model card as published; returns what it printed.
+
+    The snippet must generate what the file generates: its new token ids are checked against
+    the library's greedy generation from the same file and prompt.
+    """
     snippet = re.search(r"```python\n(.*?)```", ModelCard.load(repo_id).text, re.S).group(1)
     printed = io.StringIO()
+    names: dict = {}
     with contextlib.redirect_stdout(printed):
-        exec(compile(snippet, "model-card-snippet", "exec"), {})
+        exec(compile(snippet, "model-card-snippet", "exec"), names)
+    prompt_ids = names["tokenizer"].encode(names["prompt"], add_special_tokens=False).ids
+    from hub_export.generate import stream_generate
+
+    room = int(re.search(r"range\(min\(32, (\d+) - len\(ids\)\)\)", snippet).group(1)) - len(prompt_ids)
+    library = [r.token for r in stream_generate(names["pte"], Path(names["pte"]).parent, "What is the capital of France?",
+                                                max_new_tokens=min(32, room))]
+    library = library[:-1] if library and library[-1] in names["eos"] else library
+    assert names["ids"][: len(prompt_ids)] == prompt_ids and names["ids"][len(prompt_ids) :] == library
     return printed.getvalue()
 
 
