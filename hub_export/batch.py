@@ -35,6 +35,10 @@ from .errors import HubExportError, InputError
 from .options import ExportOptions, option_fields
 from .publish import check_repo_id
 from .redact import Redactor
+from .engines import LocalEngine
+from .hub import resolve_endpoint
+from .hub import resolve_token
+from .publish import push
 
 if TYPE_CHECKING:
     from .engines import Engine
@@ -174,8 +178,6 @@ def fp32_weight_bytes(job: PlanJob, token: str | None = None, endpoint: str | No
             return _local_safetensors_parameters(source) * 4 or None
         from huggingface_hub import get_safetensors_metadata
 
-        from .hub import resolve_endpoint
-
         metadata = get_safetensors_metadata(job.source, revision=job.options.revision, token=token or False,
                                             endpoint=resolve_endpoint(endpoint))
         return sum(metadata.parameter_count.values()) * 4
@@ -248,7 +250,6 @@ class _Batch:
 
 
 def _run_job(batch: _Batch, state: JobState, engine: "Engine", token: str | None, endpoint: str | None) -> None:
-    from .publish import push
 
     if batch.cancelled.is_set():
         batch.update(state, state="cancelled")
@@ -301,8 +302,6 @@ def run_batch(
     whenever one changes, ``on_event`` each job's progress messages (tokens redacted).
     Ctrl-C cancels what is still running; no job is half-pushed.
     """
-    from .engines import LocalEngine
-    from .hub import resolve_token
 
     engine = engine or LocalEngine()
     token = resolve_token(token)

@@ -23,6 +23,8 @@ from . import quantize
 from .errors import InputError, opt
 from .manifest import Manifest, Quality, Variant, Verification
 from .tasks import TASKS, TEXT_GENERATION, Task
+from .archs import attention_window
+from .calibrate import MixedPlan
 
 CARD_NAME = "README.md"
 # The source card's keys a quantized copy must keep: its terms of use and its languages.
@@ -344,7 +346,6 @@ def frontier_png(manifest: Manifest) -> bytes | None:
 
 def _mixed_line(variant: Variant) -> str | None:
     """The mixed qmode's plan in one line (layer names are schema-checked: letters, digits, dots)."""
-    from .calibrate import MixedPlan
 
     plan = MixedPlan.from_dict((variant.recipe or {}).get("mixed"))
     return plan.summary() if plan is not None else None
@@ -470,7 +471,6 @@ def sliding_window(config: Mapping[str, Any] | None) -> int | None:
         4096
         >>> sliding_window({"model_type": "qwen2", "sliding_window": 4096, "use_sliding_window": False})
     """
-    from .archs import attention_window
 
     return attention_window(dict((config or {}).get("text_config") or config or {}))
 

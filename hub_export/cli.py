@@ -18,10 +18,17 @@ from rich.console import Console
 from rich.markup import escape
 from rich.table import Table
 
-from .card import human_size
-from .embed import embed as embed_texts
+from .archs import FAMILIES, markdown_table
+from .batch import fp32_weight_bytes, read_plan, run_batch, summary
 from .bug_log import as_bug
-from .errors import HubExportError, InternalError
+from .card import human_size, remember_source_card, variant_facts, write_card
+from .embed import embed as embed_texts
+from .engines import engine as make_engine, variant_memory
+from .errors import HubExportError, InputError, InternalError
+from .export import export as run_export
+from .generate import Sampling, generate as run_generate
+from .manifest import Manifest
+from .publish import list_variants, pull, push
 from .options import ExportOptions, option_fields
 from .process_env import prepare_pte_process
 from .quiet import quiet_libraries, quiet_torch
@@ -114,9 +121,7 @@ RETRIES_HELP = "How many times a variant whose worker died (killed, out of memor
 
 
 def _engine(ray: bool, ray_address: Optional[str], retries: int):
-    from .engines import engine
-
-    return engine(ray, ray_address, retries)
+    return make_engine(ray, ray_address, retries)
 
 
 @app.command(
@@ -141,8 +146,6 @@ def export(
 ):
     """Export a causal LM to verified ExecuTorch .pte variants (one per --qmode)."""
     quiet_torch()
-    from .export import export as run_export
-
     started = time.perf_counter()
     with _engine(ray, ray_address, retries) as engine, _stages(f"exporting {source}") as say:
         manifest = run_export(source, output, options, token=token, endpoint=endpoint, overwrite=overwrite,
@@ -153,9 +156,6 @@ def export(
 
 def _resolve_pte(target: Path, variant: Optional[str]) -> tuple[Path, Path]:
     """(pte file, tokenizer folder) for a .pte path or an export folder."""
-    from .errors import InputError
-    from .manifest import Manifest
-
     if target.is_file():
         return target, target.parent
     if target.is_dir():
@@ -170,8 +170,6 @@ def _locate_pte(target: str, variant: Optional[str], endpoint: Optional[str], to
     path = Path(target)
     if path.exists():
         return _resolve_pte(path, variant)
-    from .publish import pull
-
     return _resolve_pte(pull(target, variant=variant, endpoint=endpoint, token=token), variant)
 
 
@@ -200,8 +198,6 @@ def generate(
     """Stream text from an exported model and report prefill/decode tokens/s."""
     prepare_pte_process()
     quiet_torch()
-    from .generate import Sampling, generate as run_generate
-
     pte, tokenizer_dir = _locate_pte(target, variant, endpoint, token)
     result = run_generate(
         pte,
@@ -255,15 +251,13 @@ def embed(
 @app.command()
 def archs(markdown: bool = typer.Option(False, help="Print the Markdown table used in the README.")):
     """Show the supported model families."""
-    from . import archs as registry
-
     if markdown:
-        typer.echo(registry.markdown_table())
+        typer.echo(markdown_table())
         return
     table = Table(title="Supported decoder families")
     for column in ("family", "model types", "cache", "status", "notes"):
         table.add_column(column)
-    for family in registry.FAMILIES:
+    for family in FAMILIES:
         table.add_row(family.name, ", ".join(family.model_types), family.cache, family.status, family.notes)
     out.print(table)
 
@@ -314,8 +308,6 @@ def push_command(
     options: ExportOptions = None,
 ):
     """Export (or take --from an export folder), write the model card and publish it all in one commit."""
-    from .publish import push
-
     if from_dir is not None and source is not None and repo_id is None:
         source, repo_id = None, source  # `push --from DIR REPO_ID`
     if source is not None:
@@ -354,9 +346,6 @@ def _jobs_table(states) -> Table:
 
 
 def _plan_table(jobs, engine_name: str, token: Optional[str], endpoint: Optional[str]) -> Table:
-    from .batch import fp32_weight_bytes
-    from .engines import variant_memory
-
     table = Table(title=f"plan: {len(jobs)} job(s), on {engine_name}")
     for column in ("repo", "source", "variants", "fp32 weights", "memory per variant"):
         table.add_column(column, justify="right" if "memory" in column or "weights" in column else "left",
@@ -394,8 +383,6 @@ def batch_command(
     """Export and push a catalogue: every job of PLAN, each repo in one commit, with a live table."""
     from rich.live import Live
 
-    from .batch import read_plan, run_batch, summary
-
     jobs = read_plan(plan)
     if dry_run:
         out.print(_plan_table(jobs, "Ray" if ray or ray_address else "this machine", token, endpoint))
@@ -430,9 +417,6 @@ def ls_command(
     token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
 ):
     """List the variants of a published repo: size, context, verification, speed."""
-    from .card import variant_facts
-    from .publish import list_variants
-
     manifest = list_variants(repo_id, endpoint=endpoint, token=token, revision=revision)
     table = Table(title=escape(f"{repo_id}  (from {manifest.source.get('id')})"))
     table.add_column("file", no_wrap=True)
@@ -470,8 +454,6 @@ def pull_command(
     token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
 ):
     """Download one variant with its tokenizer and manifest, and check its sha256."""
-    from .publish import pull
-
     folder = pull(repo_id, variant=variant, output_dir=output, endpoint=endpoint, token=token, revision=revision)
     names = sorted(p.name for p in folder.iterdir() if p.is_file() or p.is_symlink())
     err.print(f"[dim]{escape(', '.join(names))}[/dim]")
@@ -489,10 +471,8 @@ def card_command(
     endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
 ):
     """(Re-)render FOLDER/README.md from FOLDER/manifest.json."""
-    from . import card
-
-    data = card.remember_source_card(folder, source_card) if source_card else None
-    path = card.write_card(folder, data, template, endpoint, repo_id=repo_id)
+    data = remember_source_card(folder, source_card) if source_card else None
+    path = write_card(folder, data, template, endpoint, repo_id=repo_id)
     out.print(f"Wrote {path}")
 
 
@@ -502,7 +482,7 @@ HUB_EXTRA_MISSING = "the local Hub server is an optional part: pip install 'hub-
 def mount_hub(target: typer.Typer) -> None:
     """Add ``hub``: the local Hub server's commands, or, without the extra, one that says how to install them."""
     try:
-        from .localhub.cli import app as server_app
+        from .localhub.cli import app as server_app  # needs the optional `hub` extra: imported only if present
     except ImportError as error:
         if (error.name or "").split(".")[0] not in ("fastapi", "uvicorn", "starlette"):
             raise
@@ -510,8 +490,6 @@ def mount_hub(target: typer.Typer) -> None:
         @target.command("hub", help=f"Run the local Hub server: {HUB_EXTRA_MISSING}.",
                         context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
         def needs_the_extra(context: typer.Context) -> None:
-            from .errors import InputError
-
             raise InputError(HUB_EXTRA_MISSING)
 
         return

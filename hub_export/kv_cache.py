@@ -31,6 +31,7 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
+from .archs import layer_windows
 
 
 INT8_ROW_EXTRA_BYTES = 5  # a float32 scale and an int8 zero point per token and head
@@ -111,7 +112,6 @@ def head_shape(config) -> tuple[int, int]:
 
 def sliding_layers(config) -> list[int | None]:
     """Each layer's sliding window, or None for full attention (:func:`hub_export.archs.layer_windows`)."""
-    from .archs import layer_windows
 
     keys = ("num_hidden_layers", "sliding_window", "layer_types", "use_sliding_window")
     return layer_windows({key: getattr(config, key) for key in keys if hasattr(config, key)})

@@ -15,6 +15,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
+from .errors import InputError
+from .options import KV_DTYPES, SLIDING_CACHES
+from .quantize import INT4_SCALES
+from .quantize import QEMBEDDINGS, QMODES
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -88,7 +92,6 @@ class Manifest:
             if variant.qmode == qmode or variant.file == qmode:
                 return variant
         known = ", ".join(v.qmode for v in self.variants) or "none"
-        from .errors import InputError
 
         raise InputError(f"no variant {qmode!r} here; available: {known}")
 
@@ -127,7 +130,6 @@ class Manifest:
     @classmethod
     def parse(cls, text: str | bytes, where: str = MANIFEST_NAME) -> "Manifest":
         """A manifest from the text of a ``manifest.json``; ``where`` names it in errors."""
-        from .errors import InputError
 
         try:
             data = json.loads(text)
@@ -137,7 +139,6 @@ class Manifest:
 
     @classmethod
     def read(cls, folder: Path) -> "Manifest":
-        from .errors import InputError
 
         path = Path(folder) / MANIFEST_NAME
         if not path.is_file():
@@ -161,7 +162,6 @@ _REPAIR = "re-export the folder or re-publish the repo with hub-export"
 
 
 def _bad(where: str, what: str, problem: str) -> Exception:
-    from .errors import InputError
 
     return InputError(f"invalid {where}: {what} {problem}; {_REPAIR}")
 
@@ -199,7 +199,6 @@ def _check_type(where: str, what: str, value: Any, kind: type, described: str) -
 
 def check_variant(where: str, index: int, data: Any) -> None:
     """One entry of ``variants``: known keys only, each well-formed."""
-    from .quantize import QEMBEDDINGS, QMODES  # torch-free registries, imported when first needed
 
     what = f"variants[{index}]"
     _check_type(where, what, data, dict, "an object")
@@ -246,7 +245,6 @@ def _check_counts(where: str, what: str, record: dict, names: tuple[str, ...]) -
 
 def _check_memory(where: str, what: str, data: dict) -> None:
     """The KV cache layout and the measured memory: known keys, counts and short labels only (the card shows them)."""
-    from .options import KV_DTYPES, SLIDING_CACHES
 
     cache, memory = data.get("kv_cache"), data.get("runtime_memory")
     if cache is not None:
@@ -278,7 +276,6 @@ _LAYER_NAME = re.compile(r"[A-Za-z0-9_.]{1,200}")
 
 def _check_recipe(where: str, what: str, recipe: Any) -> None:
     """Layer names and short labels only: the card shows them."""
-    from .quantize import INT4_SCALES
 
     if recipe is None:
         return
@@ -315,7 +312,6 @@ def _check_data_file(where: str, what: str, data: dict[str, Any]) -> None:
 
 def check_manifest(data: Any, where: str = MANIFEST_NAME) -> None:
     """Raise :class:`~hub_export.errors.InputError` unless ``data`` fits the manifest schema."""
-    from .errors import InputError
 
     if not isinstance(data, dict):
         raise InputError(f"{where} holds {_json_kind(data)}, not a JSON object; {_REPAIR}")

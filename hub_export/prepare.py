@@ -20,6 +20,7 @@ from . import archs, quantize, source as source_stage, tasks
 from .errors import ExportError, InputError, opt
 from .generate import chat_template
 from .options import ExportOptions
+from .calibrate import MixedPlan, plan_mixed
 
 if TYPE_CHECKING:
     from .calibrate import MixedPlan
@@ -225,7 +226,6 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
         reference = _REFERENCES[task.name](model, src, seq_len, options)
     mixed_plan = None
     if any(quantize.QMODES[mode].calibrated for mode in options.qmodes):
-        from .calibrate import MixedPlan, plan_mixed
 
         if options.calibration:
             say("measuring each linear layer's int4 sensitivity on the calibration text", "calibrate")

@@ -10,6 +10,7 @@ from __future__ import annotations
 import logging
 from dataclasses import dataclass
 from typing import TYPE_CHECKING, Callable
+from .errors import InputError, opt
 
 if TYPE_CHECKING:
     from torch import nn
@@ -192,7 +193,7 @@ def quantize_linears(
     if fallback:
         quantize_(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=per_channel)
     if mode.weight_only:
-        from .weight_only import convert_linears
+        from .weight_only import convert_linears  # imports torch: this module must not (options import it)
 
         convert_linears(model, mode.weight_bits)
     return fallback
@@ -259,7 +260,6 @@ def quantize_model(
 
 def validate(qmodes: list[str], qembedding: str | None, group_size: int) -> None:
     """Raise :class:`~hub_export.errors.InputError` for an unknown mode or a bad group size."""
-    from .errors import InputError, opt
 
     for mode in qmodes:
         if mode not in QMODES:

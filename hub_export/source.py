@@ -14,8 +14,10 @@ from dataclasses import dataclass, field
 from fnmatch import fnmatch
 from pathlib import Path
 
+from . import gguf_source
 from .errors import InputError, SourceError, opt
 from .hub import hub_errors, resolve_endpoint
+from .manifest import sha256_file
 
 CONFIG_FILES = ["config.json", "generation_config.json"]
 # sentence-transformers' description of an embedding model: which pooling, whether normalised,
@@ -189,8 +191,6 @@ def _folder_digest(folder: Path) -> str:
     """sha256 over the names and contents of a model folder's files (hidden files aside)."""
     import hashlib
 
-    from .manifest import sha256_file
-
     digest = hashlib.sha256()
     for path in sorted(p for p in folder.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(folder).parts)):
         digest.update(f"{path.relative_to(folder).as_posix()}\0{sha256_file(path)}\n".encode())
@@ -209,7 +209,6 @@ def fingerprint(src: Source) -> str:
 def peek_fingerprint(source: str, gguf_file: str | None, revision: str | None, token: str | None,
                      endpoint: str | None) -> str | None:
     """:func:`fingerprint` of ``source`` without downloading or converting it (``None`` if it cannot tell)."""
-    from .manifest import sha256_file
 
     local = Path(source).expanduser()
     if local.is_file() and local.suffix == ".gguf":
@@ -237,8 +236,6 @@ def display_name(source: str | None, gguf_file: str | None = None) -> str:
 
 
 def _resolve_gguf(source, local: Path, gguf_file, revision, token, endpoint, cache_dir, precheck, say) -> Source:
-    from . import gguf_source
-
     gguf_source.check_file_name(gguf_file)
     if local.is_dir():
         path = local / gguf_file

@@ -7,8 +7,6 @@ import sys
 import pytest
 from typer.testing import CliRunner
 
-import hub_export.export  # noqa: F401 - the modules the spies replace functions in
-import hub_export.publish  # noqa: F401
 from hub_export.cli import app
 from hub_export.errors import InputError
 from hub_export.options import ExportOptions, cli_flags, option_fields
@@ -22,8 +20,7 @@ def _options_seen_by(monkeypatch, verb: str, arguments: list[str]) -> ExportOpti
         seen["options"] = options
         raise InputError("stop here")
 
-    module = sys.modules["hub_export.export" if verb == "export" else "hub_export.publish"]
-    monkeypatch.setattr(module, verb, spy)
+    monkeypatch.setattr(sys.modules["hub_export.cli"], "run_export" if verb == "export" else verb, spy)
     result = CliRunner().invoke(app, [verb, *arguments])
     assert isinstance(result.exception, InputError) and str(result.exception) == "stop here", result.output
     return seen["options"]
@@ -96,13 +93,13 @@ def test_the_local_hub_is_an_extra_with_a_clear_message(monkeypatch) -> None:
 
 
 def test_a_bug_in_hub_export_says_so_and_keeps_its_traceback(monkeypatch, tmp_path, capsys) -> None:
-    import hub_export.archs
+    import hub_export.cli
     from helpers import run_cli
 
     def broken_table():
         return {}["a key hub-export forgot, next to the token hf_secretsecretsecretsecret"]
 
-    monkeypatch.setattr(hub_export.archs, "markdown_table", broken_table)
+    monkeypatch.setattr(hub_export.cli, "markdown_table", broken_table)
     monkeypatch.setenv("HUB_EXPORT_LOG_DIR", str(tmp_path))
     monkeypatch.setenv("HF_TOKEN", "hf_secretsecretsecretsecret")
     code, out, err = run_cli(["archs", "--markdown"], capsys)
