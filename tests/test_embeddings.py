@@ -215,8 +215,17 @@ def test_a_broken_embedding_file_fails_verification(exported_bert, tiny_bert, tm
 # --- more families, end to end -------------------------------------------------------------------
 
 
+MORE_FAMILIES = ["roberta", "xlm-roberta", "distilbert", "mpnet"]
+
+
+def test_every_encoder_family_is_exported_by_a_test() -> None:
+    from hub_export.archs import SUPPORTED_MODEL_TYPES
+
+    assert SUPPORTED_MODEL_TYPES["feature-extraction"] == {"bert", *MORE_FAMILIES}
+
+
 @pytest.mark.extended
-@pytest.mark.parametrize("model_type", ["roberta", "xlm-roberta", "distilbert", "mpnet"])
+@pytest.mark.parametrize("model_type", MORE_FAMILIES)
 def test_each_encoder_family_exports_verified(model_type, tmp_path) -> None:
     from hub_export.demo import build_tiny_encoder
     from hub_export.export import export
