@@ -51,7 +51,8 @@ def main() -> None:
 
     import gradio_client
 
-    from hub_export import publish
+    from hub_export.pull import list_variants, pull
+    from hub_export.push import push
     from hub_export.generate import generate
     from hub_export.localhub import add_user, serve_in_thread
     from hub_export.quiet import quiet_libraries
@@ -60,9 +61,9 @@ def main() -> None:
     token = add_user(work / "hub", "alice")
     hub = serve_in_thread(work / "hub")
     repo = "alice/speed-ExecuTorch"
-    publish.push(from_dir=args.folder, repo_id=repo, token=token, endpoint=hub.endpoint)
-    local = publish.pull(repo, args.variant, output_dir=work / "pulled", endpoint=hub.endpoint, token=token)
-    pte = local / next(v.file for v in publish.list_variants(repo, hub.endpoint, token).variants
+    push(from_dir=args.folder, repo_id=repo, token=token, endpoint=hub.endpoint)
+    local = pull(repo, args.variant, output_dir=work / "pulled", endpoint=hub.endpoint, token=token)
+    pte = local / next(v.file for v in list_variants(repo, hub.endpoint, token).variants
                        if v.qmode == args.variant)
 
     space = _space_app()

@@ -2,7 +2,7 @@
 
 The pipeline, one module a stage: :mod:`~hub_export.source` -> (:mod:`~hub_export.calibrate`)
 -> :mod:`~hub_export.wrap` -> :mod:`~hub_export.quantize` -> :mod:`~hub_export.lower` ->
-:mod:`~hub_export.verify` -> :mod:`~hub_export.card` -> :mod:`~hub_export.publish`. What to
+:mod:`~hub_export.verify` -> :mod:`~hub_export.card` -> :mod:`~hub_export.push` (:mod:`~hub_export.pull` back). What to
 build is one :class:`ExportOptions`; :mod:`~hub_export.build` makes one variant of it. The
 CLI, and the Space through :mod:`~hub_export.service`, are thin layers over the functions below.
 
@@ -33,7 +33,8 @@ from .embed import EmbedResult, embed
 from .generate import GenerationResponse, GenerationResult, Sampling, generate, stream_generate
 from .manifest import Manifest, Variant
 from .process_env import prepare_pte_process
-from .publish import list_variants, pull, push
+from .pull import list_variants, pull
+from .push import push
 from .quantize import QMODES
 
 __version__ = "0.1.0"

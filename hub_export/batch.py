@@ -8,7 +8,7 @@ A plan is YAML: ``defaults`` (export options by their field names) and ``jobs``,
       - {source: HuggingFaceTB/SmolLM2-135M, repo: me/SmolLM2-135M-ExecuTorch, qmodes: [8da4w, 8da8w]}
       - {source: Qwen/Qwen3-0.6B, repo: me/Qwen3-0.6B-ExecuTorch}
 
-Each job is a :func:`hub_export.publish.push`: its variants are built (on this machine,
+Each job is a :func:`hub_export.push.push`: its variants are built (on this machine,
 or on a Ray cluster where jobs run side by side), verified, and pushed in one commit
 once all of them pass. A failed variant fails its own repo's push only. Rerunning a
 plan builds only the variants its repos do not already hold, built the same way.
@@ -33,16 +33,16 @@ from typing import TYPE_CHECKING, Any, Callable
 from .bug_log import as_bug, shown_path
 from .errors import HubExportError, InputError
 from .options import ExportOptions, option_fields
-from .publish import check_repo_id
+from .hub import check_repo_id
 from .redact import Redactor
 from .engines import LocalEngine
 from .hub import resolve_endpoint
 from .hub import resolve_token
-from .publish import push
+from .push import push
 
 if TYPE_CHECKING:
     from .engines import Engine
-    from .publish import PushResult
+    from .push import PushResult
 
 MAX_PLAN_BYTES = 1 << 20
 MAX_JOBS = 500

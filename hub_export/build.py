@@ -173,7 +173,7 @@ def _build_embedding_variant(run: RunState, qmode: str, last: bool) -> Variant:
         file=name, qmode=qmode, qembedding=opts.qembedding, group_size=opts.group_size if mode.grouped else None,
         max_seq_len=run.max_seq_len, size_bytes=path.stat().st_size, sha256=sha256_file(path), metadata=metadata,
         verification=verification, export_seconds=round(seconds, 2), per_channel_fallback=fallback,
-        recipe=_recipe_record(mode, opts, None),
+        recipe=_recipe_record(mode, opts, None), asked=opts.variant_settings(),
     )
 
 
@@ -211,7 +211,7 @@ def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
         data_size_bytes=data_path.stat().st_size if data_path else None,
         data_sha256=sha256_file(data_path) if data_path else None,
         recipe=_recipe_record(mode, opts, plan), kv_cache={**layout.to_dict(), "sliding": opts.sliding_cache},
-        runtime_memory=runtime_memory,
+        runtime_memory=runtime_memory, asked=opts.variant_settings(),
     )
 
 

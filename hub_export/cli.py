@@ -28,7 +28,8 @@ from .errors import HubExportError, InputError, InternalError
 from .export import export as run_export
 from .generate import Sampling, generate as run_generate
 from .manifest import Manifest
-from .publish import list_variants, pull, push
+from .pull import list_variants, pull
+from .push import push
 from .options import ExportOptions, option_fields
 from .process_env import prepare_pte_process
 from .quiet import quiet_libraries, quiet_torch

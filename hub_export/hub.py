@@ -1,19 +1,25 @@
-"""Hub access shared by every stage: endpoint and token, and one translator of Hub failures.
+"""Hub access shared by every stage: endpoint and token, one translator of Hub failures, and repos.
 
 Reading a source, pushing, listing and pulling all go through ``huggingface_hub``, and
 all of their failures go through :func:`hub_errors`: the same gated repo or missing
 token gets the same advice whichever command met it. Errors carry a ``code`` (``login``,
 ``gated``, ``not_found``, ``token_rejected``, ``forbidden``, ``revision``, ``network``,
 ``conflict``) so that a front end can give its own advice; the token never appears in
-a message.
+a message. The second half names, checks and reads target repos: who the token belongs
+to and whether it may write there, and what a repo holds before a push.
 """
 
 from __future__ import annotations
 
+import hashlib
 from contextlib import contextmanager
-from typing import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any, Iterator
 
+from .card import CARD_NAME
 from .errors import HubError, HubExportError, InputError, opt
+from .manifest import MANIFEST_NAME, Manifest, sha256_file
 from .redact import redact
 
 LOGIN_HINT = f"pass {opt('token')}, set HF_TOKEN or run `hf auth login`"
@@ -71,6 +77,7 @@ def _http_failure(error, repo_id: str, endpoint: str, action: str, failure: type
                    hint="retry later", repo_id=repo_id)
 
 
+# Over 60 lines as a flat table: one except clause per failure huggingface_hub names, each with its advice.
 @contextmanager
 def hub_errors(
     repo_id: str,
@@ -138,3 +145,190 @@ def hub_errors(
     except network_errors() as error:
         raise failure(f"cannot reach {endpoint} ({type(error).__name__})",
                       hint=f"check the network or {opt('endpoint')}/HF_ENDPOINT", code="network") from None
+
+
+# -- repos: names, access and state ----------------------------------------------------
+
+
+REPO_SUFFIX = "-ExecuTorch"
+
+
+
+def check_repo_id(repo_id: str, *, namespace_required: bool = True) -> str:
+    """Validate ``repo_id`` locally, with huggingface_hub's validator, before any request.
+
+    Example:
+        >>> check_repo_id("alice/tiny-ExecuTorch")
+        'alice/tiny-ExecuTorch'
+        >>> check_repo_id("alice/bad--name")
+        Traceback (most recent call last):
+        hub_export.errors.InputError: invalid repo id 'alice/bad--name': ...
+    """
+    from huggingface_hub.errors import HFValidationError
+    from huggingface_hub.utils import validate_repo_id
+
+    try:
+        validate_repo_id(repo_id)
+    except HFValidationError as error:
+        reason = str(error).split("\n")[0]
+        raise InputError(f"invalid repo id {repo_id!r}: {reason}") from None
+    if namespace_required and "/" not in repo_id:
+        raise InputError(f"invalid repo id {repo_id!r}: use namespace/name, e.g. alice/{repo_id}")
+    return repo_id
+
+
+
+def default_repo_name(source_name: str) -> str:
+    """The repo name for an export of ``source_name`` (a repo id or a folder name).
+
+    Example:
+        >>> default_repo_name("HuggingFaceTB/SmolLM2-135M")
+        'SmolLM2-135M-ExecuTorch'
+    """
+    return source_name.rstrip("/").split("/")[-1] + REPO_SUFFIX
+
+
+
+@dataclass
+class RemoteRepo:
+    """A target repo as it is before the push."""
+
+    exists: bool
+    branch_exists: bool
+    head: str | None  # commit the comparison was made against
+    files: dict[str, Any]  # path -> RepoFile
+    manifest: Manifest | None
+    private: bool | None = None
+
+    @property
+    def is_foreign(self) -> bool:
+        """Content not made by hub-export (an empty repo, e.g. a fresh one, is not)."""
+        return self.exists and self.manifest is None and bool(set(self.files) - {".gitattributes"})
+
+
+
+def whoami(api, endpoint: str) -> dict:
+    with hub_errors("your account", endpoint, "identify"):
+        return api.whoami()
+
+
+
+def check_can_write(user: dict, namespace: str, endpoint: str) -> None:
+    """Refuse early what the Hub would refuse after the export: read tokens, foreign namespaces."""
+    name = user.get("name", "")
+    role = ((user.get("auth") or {}).get("accessToken") or {}).get("role")
+    if role == "read":
+        raise HubError(f"your token for {endpoint} is read-only", param="token", code="read_only",
+                       hint=f"create a write token and pass it with {opt('token')}")
+    orgs = {org.get("name") for org in user.get("orgs") or [] if org.get("roleInOrg") != "read"}
+    if namespace != name and namespace not in orgs:
+        raise HubError(
+            f"permission denied: {name} cannot write to {namespace}/ on {endpoint}", param="repo_id",
+            hint=f"push to {name}/... or ask {namespace} for write access", code="other_namespace",
+        )
+
+
+
+def read_remote_manifest(api, repo_id: str, revision: str) -> Manifest | None:
+    from huggingface_hub import hf_hub_download
+
+    path = hf_hub_download(repo_id, MANIFEST_NAME, revision=revision, endpoint=api.endpoint, token=api.token)
+    try:
+        return Manifest.parse(Path(path).read_bytes(), f"{repo_id}/{MANIFEST_NAME}")
+    except InputError:
+        return None
+
+
+
+def remote_state(api, repo_id: str, branch: str | None, endpoint: str) -> RemoteRepo:
+    from huggingface_hub.errors import RepositoryNotFoundError
+
+    with hub_errors(repo_id, endpoint, "read", api.token):
+        try:
+            info = api.repo_info(repo_id)
+        except RepositoryNotFoundError:
+            return RemoteRepo(False, False, None, {}, None)
+        branch_exists = True
+        if branch and branch != "main":
+            branches = {b.name for b in api.list_repo_refs(repo_id).branches}
+            branch_exists = branch in branches
+        # A new branch starts from main, so main is what it would hold without this push.
+        revision = branch if branch and branch_exists else "main"
+        head = api.repo_info(repo_id, revision=revision).sha if revision != "main" else info.sha
+        files = {f.path: f for f in api.list_repo_tree(repo_id, recursive=True, revision=head) if hasattr(f, "blob_id")}
+        manifest = read_remote_manifest(api, repo_id, head) if MANIFEST_NAME in files else None
+    return RemoteRepo(True, branch_exists, head, files, manifest, getattr(info, "private", None))
+
+
+
+def is_unchanged(content: Path | bytes, remote_file) -> bool:
+    """Whether ``content`` equals the remote file: sha256 for LFS files, git blob id otherwise."""
+    if remote_file is None:
+        return False
+    if isinstance(content, Path):
+        size = content.stat().st_size
+        if remote_file.size != size:
+            return False
+        if remote_file.lfs is not None:
+            return remote_file.lfs.sha256 == sha256_file(content)
+        content = content.read_bytes()
+    if remote_file.size != len(content):
+        return False
+    if remote_file.lfs is not None:
+        return remote_file.lfs.sha256 == hashlib.sha256(content).hexdigest()
+    from huggingface_hub.utils.sha import git_hash  # the client's own formula for what it compares
+
+    return remote_file.blob_id == git_hash(content)
+
+
+
+def target_repo_for(api, repo_id: str | None, source_name: str, token: str | None, endpoint: str) -> str:
+    """The checked target repo id: given, or ``{user}/{source}-ExecuTorch``; writable by the token."""
+    user = whoami(api, endpoint) if token else None
+    if repo_id is None:
+        if user is None:
+            raise HubError("name the target repo or log in so that it defaults to your namespace", hint=LOGIN_HINT,
+                           param="token", code="login")
+        repo_id = f"{user['name']}/{default_repo_name(source_name)}"
+    check_repo_id(repo_id)
+    if user is not None:
+        check_can_write(user, repo_id.split("/")[0], endpoint)
+    return repo_id
+
+
+
+def target_repo(name: str, token: str | None, endpoint: str | None = None) -> str:
+    """``namespace/name`` for a repo name: a bare name goes to the token owner's namespace.
+
+    Example:
+        >>> target_repo("SmolLM2-135M-ExecuTorch", token)
+        'alice/SmolLM2-135M-ExecuTorch'
+    """
+    if "/" in name:
+        return check_repo_id(name)
+    from huggingface_hub import HfApi
+
+    endpoint = resolve_endpoint(endpoint)
+    if not token:
+        raise not_logged_in(endpoint)
+    user = whoami(HfApi(endpoint=endpoint, token=token), endpoint)
+    return check_repo_id(f"{user['name']}/{name}")
+
+
+
+def read_card(repo_id: str, revision: str | None, token: str | None, endpoint: str | None = None,
+              local_dir: str | Path | None = None) -> str:
+    """The text of a repo's model card (README.md) at ``revision``."""
+    from huggingface_hub import hf_hub_download
+
+    endpoint = resolve_endpoint(endpoint)
+    with hub_errors(repo_id, endpoint, "read", token):
+        path = hf_hub_download(repo_id, CARD_NAME, revision=revision, endpoint=endpoint, token=token,
+                               local_dir=local_dir)
+    return Path(path).read_text(encoding="utf-8")
+
+
+
+def check_branch(branch: str) -> None:
+    if not branch or branch.startswith(("refs/", "/")) or any(c in branch for c in " ~^:?*[\\") or ".." in branch:
+        raise InputError(f"invalid branch name {branch!r}; use a plain name like 'executorch'")

@@ -16,7 +16,7 @@ from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
 from .errors import InputError
-from .options import KV_DTYPES, SLIDING_CACHES
+from .options import KV_DTYPES, SLIDING_CACHES, ExportOptions
 from .quantize import INT4_SCALES
 from .quantize import QEMBEDDINGS, QMODES
 
@@ -54,6 +54,22 @@ class Variant:
     kv_cache: dict[str, Any] | None = None
     # Measured while verifying: hub_export.runtime.measure_memory's figures at full context.
     runtime_memory: dict[str, Any] | None = None
+    # What the exporter asked for beyond the qmode (ExportOptions.variant_settings): a default
+    # context stays "default" here, so the same request can be recognised again.
+    asked: dict[str, Any] | None = None
+
+    def built_as(self, qmode: str, options: ExportOptions) -> bool:
+        """Whether this variant is what ``options`` would build as ``qmode`` now, verified.
+
+        Every option that decides a variant's bytes or figures is in :attr:`asked`; a
+        variant from before it was recorded has none, and any doubt means rebuild.
+
+        Example:
+            >>> variant.built_as("8da4w", ExportOptions(max_seq_len=256))
+            True
+        """
+        return (self.qmode == qmode and self.verification.verified and self.asked is not None
+                and self.asked == options.variant_settings())
 
     @property
     def total_bytes(self) -> int:
@@ -231,6 +247,19 @@ def check_variant(where: str, index: int, data: Any) -> None:
     _check_data_file(where, what, data)
     _check_recipe(where, f"{what}.recipe", data.get("recipe"))
     _check_memory(where, what, data)
+    _check_asked(where, f"{what}.asked", data.get("asked"))
+
+
+def _check_asked(where: str, what: str, asked: Any) -> None:
+    """The options a variant was built with: names to JSON scalars or short lists of them, nothing nested."""
+    if asked is None:
+        return
+    _check_type(where, what, asked, dict, "an object")
+    scalar = (str, int, float, bool, type(None))
+    for name, value in list(asked.items())[:65]:
+        values = value if isinstance(value, list) else [value]
+        if len(name) > 64 or len(asked) > 64 or len(values) > 64 or not all(isinstance(v, scalar) for v in values):
+            raise _bad(where, f"{what}.{name[:40]}", "is not an option name with a plain value")
 
 
 _KV_CACHE_COUNTS = ("layers", "ring_layers", "sliding_layers", "bytes_at_full_context", "bytes_per_token")

@@ -33,6 +33,7 @@ EXPORT_AND_PUSH = ("export", "push")
 SLIDING_CACHES = ("ring", "full")  # hub_export.kv_cache's layouts of a sliding-window layer
 KV_DTYPES = ("fp32", "int8")
 SOURCE_OPTIONS = ("base_model", "license", "model_name", "revision", "gguf_file")
+_NOT_VARIANT_SETTINGS = {"qmodes", "jobs", "verify", "trust_remote_code", "allow_pickle", *SOURCE_OPTIONS}
 
 
 def _option(default: Any, *flags: str, help: str, commands: tuple[str, ...] = EXPORT_AND_PUSH,
@@ -247,6 +248,17 @@ class ExportOptions:
             else:
                 arguments += [flag, str(value)]
         return arguments
+
+    def variant_settings(self) -> dict[str, Any]:
+        """What decides a variant's bytes and figures besides its qmode and its source, as JSON values.
+
+        The manifest records it for each variant (``Variant.asked``); a push reuses a
+        variant only when the same is asked again. Left out: the qmodes (one per variant),
+        where the source comes from (its fingerprint decides), what the card declares, and
+        what changes only how the work is done (jobs, verification, permissions).
+        """
+        return {spec.name: list(value) if isinstance(value := getattr(self, spec.name), tuple) else value
+                for spec in dataclasses.fields(self) if spec.name not in _NOT_VARIANT_SETTINGS}
 
     def command(self, source: str, verb: str = "export") -> str:
         """The shell command that reproduces these files from ``source``."""

@@ -31,7 +31,9 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any, Callable, Iterator, Mapping
 
-from . import publish
+from .hub import check_repo_id, default_repo_name, read_card
+from .pull import list_variants, pull
+from .push import PushResult, push
 from .card import human_size, variant_facts
 from .errors import HubExportError, InputError, Namer, cli_name
 from .generate import GenerationResult, Sampling, stream_generate
@@ -121,7 +123,7 @@ def export_request(
         kv_cache=str(kv_cache or "fp32"),
         trust_remote_code=False,
     )
-    name = str(repo_name or "").strip() or publish.default_repo_name(source)
+    name = str(repo_name or "").strip() or default_repo_name(source)
     return ExportRequest(source, options, name, bool(private))
 
 
@@ -162,7 +164,7 @@ def preview_request(
     repo_id = (repo_id or "").strip()
     if not repo_id:
         raise InputError("enter the repo to try, e.g. alice/SmolLM2-135M-ExecuTorch")
-    publish.check_repo_id(repo_id)
+    check_repo_id(repo_id)
     prompt = prompt or ""
     if not prompt.strip():
         raise InputError("type a prompt")
@@ -278,7 +280,7 @@ class BackgroundJob:
 class Published:
     """What an export job returns: the push, and the repo as it now is (table and card)."""
 
-    result: publish.PushResult
+    result: PushResult
     manifest: Manifest | None
     card: str
     read_error: HubExportError | None = None
@@ -294,15 +296,15 @@ def publish_and_read_back(request: ExportRequest, repo_id: str, token: str, endp
     collects the files and pushes them.
     """
     on_cluster = engine is not None and engine.name != "local"
-    result = publish.push(
+    result = push(
         request.source, repo_id, request.options, private=request.private, output_dir=folder / "export",
         cache_dir=None if on_cluster else folder / "downloads", token=token, endpoint=endpoint,
         progress=lambda event: emit(("stage", event)), engine=engine,
     )
     revision = result.commit_oid  # what this job published, even if the repo moved on since
     try:
-        manifest = publish.list_variants(result.repo_id, endpoint, token, revision=revision)
-        card = publish.read_card(result.repo_id, revision, token, endpoint, folder / "card")
+        manifest = list_variants(result.repo_id, endpoint, token, revision=revision)
+        card = read_card(result.repo_id, revision, token, endpoint, folder / "card")
     except HubExportError as error:  # the push is done: report, do not fail the job
         return Published(result, None, "", error)
     return Published(result, manifest, card)
@@ -311,7 +313,7 @@ def publish_and_read_back(request: ExportRequest, repo_id: str, token: str, endp
 def preview(request: PreviewRequest, token: str | None, endpoint: str, folder: Path, emit: Emit) -> GenerationResult:
     """Pull the variant into ``folder`` and stream text from it: emits ("stage", line) and ("text", piece)."""
     # token=False, not None: never fall back to a login stored on the server.
-    files = publish.pull(request.repo_id, request.variant, output_dir=folder, endpoint=endpoint, token=token or False)
+    files = pull(request.repo_id, request.variant, output_dir=folder, endpoint=endpoint, token=token or False)
     manifest = Manifest.read(files)
     chosen = manifest.variant(request.variant) if request.variant else manifest.variants[0]
     emit(("stage", f"generating with {chosen.file}"))

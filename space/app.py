@@ -23,7 +23,9 @@ from typing import Any
 
 import gradio as gr
 
-from hub_export import publish, service
+from hub_export import service
+from hub_export.hub import target_repo
+from hub_export.pull import list_variants
 from hub_export.errors import HubError
 from hub_export.generate import GenerationResult
 from hub_export.hub import resolve_endpoint
@@ -235,7 +237,7 @@ class Jobs:
 
     def _export(self, request: service.ExportRequest, token: str, job_id: str, view: ExportView,
                 redact: Redactor, progress: gr.Progress) -> Iterator[tuple]:
-        repo_id = publish.target_repo(request.repo_name, token, self.settings.endpoint)
+        repo_id = target_repo(request.repo_name, token, self.settings.endpoint)
         started = time.monotonic()
 
         def say(message: str) -> None:
@@ -283,7 +285,7 @@ class Jobs:
             return gr.Dropdown(choices=[], value=None)
         try:
             user = self.user_token(oauth_token, token, required=False)
-            manifest = publish.list_variants(repo_id.strip(), self.settings.endpoint, user or False)
+            manifest = list_variants(repo_id.strip(), self.settings.endpoint, user or False)
         except Exception as error:  # noqa: BLE001
             raise gr.Error(failure_message(error, "variants", redact), print_exception=False) from None
         choices = service.variant_choices(manifest)

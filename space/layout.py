@@ -13,7 +13,7 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from hub_export import publish
+from hub_export.hub import default_repo_name
 from hub_export.generate import Sampling
 from hub_export.options import ExportOptions, help_text
 from hub_export.quantize import QEMBEDDINGS, QMODES
@@ -243,7 +243,7 @@ def preview_queued() -> tuple[str, str]:
 def default_name(source: str) -> str | Any:
     """Prefill the target repo from the source (a repo id or a folder)."""
     source = (source or "").strip()
-    return publish.default_repo_name(source) if source else gr.skip()
+    return default_repo_name(source) if source else gr.skip()
 
 
 def default_prompt(chat: bool, prompt: str) -> str | Any:

@@ -71,7 +71,7 @@ def test_plan_files_that_are_missing_huge_or_binary_are_refused(tmp_path):
 
 def test_a_failed_job_fails_its_own_repo_only_and_the_run_says_so(local_hub, tiny_model, tmp_path):
     from hub_export.batch import run_batch, summary
-    from hub_export.publish import list_variants
+    from hub_export.pull import list_variants
 
     jobs = parse_plan(
         "defaults: {qmodes: [fp32], max_seq_len: 32, quality_tokens: 0}\n"

@@ -339,7 +339,7 @@ def _fake_export(folder: Path) -> Path:
 
 
 def test_push_from_a_local_export_with_base_model_inherits_its_card(local_hub, tmp_path: Path) -> None:
-    from hub_export.publish import push
+    from hub_export.push import push
 
     api = local_hub.api(local_hub.alice_token)
     api.create_repo("acme/Base-Llama")

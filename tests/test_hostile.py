@@ -24,7 +24,7 @@ from huggingface_hub import CommitOperationAdd
 from hub_export.errors import InputError, VerificationError
 from hub_export.localhub.pytest_plugin import LocalHubFixture
 from hub_export.manifest import MANIFEST_NAME, Manifest
-from hub_export.publish import pull
+from hub_export.pull import pull
 
 PTE_BYTES = b"\x3c\x00\x00\x00ET12eh00" + bytes(100)  # a stand-in: pull checks hashes, not content
 PTE_SHA256 = hashlib.sha256(PTE_BYTES).hexdigest()

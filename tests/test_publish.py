@@ -27,7 +27,9 @@ from hub_export.demo import build_tiny_model
 from hub_export.errors import HubError, InputError, VerificationError
 from hub_export.localhub.pytest_plugin import LocalHubFixture
 from hub_export.manifest import Manifest, Verification, sha256_file
-from hub_export.publish import PushResult, hub_errors, list_variants, pull, push
+from hub_export.hub import hub_errors
+from hub_export.pull import list_variants, pull
+from hub_export.push import PushResult, push
 
 HUB_EXPORT = Path(sys.executable).parent / "hub-export"
 EXPORTED_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}
@@ -205,7 +207,7 @@ def test_repush_of_an_unchanged_source_rebuilds_nothing(
     import importlib
     import shutil
 
-    export_module = importlib.import_module("hub_export.export")  # the package's `export` attribute is the function
+    export_module = importlib.import_module("hub_export.push")  # push calls the export stage through this name
     result, _ = pushed_fp32
     before = len(_commits(local_hub, result.repo_id))
 
@@ -217,8 +219,10 @@ def test_repush_of_an_unchanged_source_rebuilds_nothing(
     again = push(str(source_model), result.repo_id, qmodes=["fp32"], max_seq_len=64, **hub)
     assert not again.pushed and again.unchanged == ["model-fp32.pte"] and "--force" in again.notes[0]
     assert len(_commits(local_hub, result.repo_id)) == before
-    # Anything different rebuilds: another option, --force, or a changed source file.
-    for options in (dict(max_seq_len=32), dict(max_seq_len=64, force=True), dict(max_seq_len=64, quality_tokens=0)):
+    # Anything different rebuilds: another option, --force, or a changed source file. The default context is the
+    # model's (512 positions here), not "whatever the repo holds"; 1,024 scored tokens are not 2,048.
+    for options in (dict(max_seq_len=32), dict(max_seq_len=64, force=True), dict(max_seq_len=64, quality_tokens=0),
+                    dict(), dict(max_seq_len=64, quality_tokens=1024)):
         with pytest.raises(AssertionError, match="rebuilt"):
             push(str(source_model), result.repo_id, qmodes=["fp32"], **options, **hub)
     changed = shutil.copytree(source_model, tmp_path / "tiny-llama")

@@ -21,7 +21,7 @@ from benchmarks.ray_nodes import LocalRay
 from hub_export.demo import build_tiny_model
 from hub_export.localhub.pytest_plugin import LocalHubFixture
 from hub_export.manifest import Manifest, sha256_file
-from hub_export.publish import list_variants
+from hub_export.pull import list_variants
 
 pytestmark = pytest.mark.cluster  # make test-cluster (CI runs it): a real two-node cluster, about 5 minutes
 

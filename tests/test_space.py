@@ -350,13 +350,13 @@ def test_token_precedence_and_env_settings() -> None:
 
 def test_library_messages_are_worded_for_the_form(local_hub, tmp_path) -> None:
     """The library's CLI advice ("pass --token", "push to another repo") in the Space's words, from real failures."""
-    from hub_export import publish
+    from hub_export import push as push_module
     from hub_export.export import export
     from hub_export.generate import Sampling
 
     failures = []
     with pytest.raises(InputError) as other_source:
-        publish._check_same_source(Manifest(source={"id": "acme/a"}, versions={}, variants=[]), "acme/b")
+        push_module.check_same_source(Manifest(source={"id": "acme/a"}, versions={}, variants=[]), "acme/b")
     failures.append(other_source.value)
     private = "alice/space-wording-private"
     local_hub.api(local_hub.alice_token).create_repo(private, private=True)
@@ -365,7 +365,7 @@ def test_library_messages_are_worded_for_the_form(local_hub, tmp_path) -> None:
             export(private, tmp_path / "never", endpoint=local_hub.endpoint, token=token)
         failures.append(hub_failure.value)
     with pytest.raises(HubExportError) as read_only:
-        publish.push(private, "alice/x", endpoint=local_hub.endpoint, token=local_hub.alice_readonly_token)
+        push_module.push(private, "alice/x", endpoint=local_hub.endpoint, token=local_hub.alice_readonly_token)
     failures.append(read_only.value)
     with pytest.raises(HubExportError) as bad_option:
         Sampling(temperature=-1).check()
