@@ -117,7 +117,7 @@ def _rounded_weight(linear: "torch.nn.Module", bits: int, group_size: int, scale
     from torchao.quantization import quantize_
 
     probe = copy.deepcopy(linear)
-    config = quantize._dynamic_act(bits)(quantize._granularity(bits == 4, group_size), scales)
+    config = quantize.dynamic_activation_config(bits, group_size, scales)
     quantize_(probe, config)
     return probe.weight.dequantize().float()
 

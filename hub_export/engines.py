@@ -170,12 +170,9 @@ def _here() -> str:
 def _attempt() -> int | None:
     """Which run of this task this is (0 the first): Ray's own count, so a worker killed before
     the task's first message still shows as a retry. None where this Ray does not say."""
-    import ray
+    from .patches import ray_task_attempt  # imports torch: only inside a Ray task, which builds with it anyway
 
-    try:
-        return int(ray._private.worker.global_worker.core_worker.get_current_task_attempt_number())
-    except (AttributeError, TypeError, ValueError):
-        return None
+    return ray_task_attempt()
 
 
 def _send(relay, message: tuple) -> None:

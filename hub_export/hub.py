@@ -276,9 +276,17 @@ def is_unchanged(content: Path | bytes, remote_file) -> bool:
         return False
     if remote_file.lfs is not None:
         return remote_file.lfs.sha256 == hashlib.sha256(content).hexdigest()
-    from huggingface_hub.utils.sha import git_hash  # the client's own formula for what it compares
+    return remote_file.blob_id == git_blob_id(content)
 
-    return remote_file.blob_id == git_hash(content)
+
+def git_blob_id(content: bytes) -> str:
+    """The id git gives a file's content (what the Hub reports as a small file's ``blob_id``).
+
+    Example:
+        >>> git_blob_id(b"hello\n")
+        'ce013625030ba8dba906f756967f9e9ca394464a'
+    """
+    return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
 
 
 

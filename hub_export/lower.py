@@ -10,9 +10,11 @@ import torch
 from .patches import (
     compact_dependency_viewers,
     decomposing_once,
+    edge_compile_config,
     forgetting_tracing_caches,
     skipping_idle_edge_passes,
     skipping_idle_xnnpack_passes,
+    xnnpack_partitioner_configs,
 )
 
 
@@ -101,40 +103,12 @@ def drop_provenance(program: torch.export.ExportedProgram) -> None:
         node.meta.pop("from_node", None)
 
 
-def _weight_only_linear_config():
-    """XNNPACK's linear config, extended to claim float-activation, integer-weight linears.
-
-    The stock config treats a dequantized weight as static quantization and then wants
-    the activation dequantized too, so it rejects :mod:`hub_export.weight_only`'s
-    pattern and the graph falls back to a decomposition XNNPACK gets wrong. Claimed
-    whole (dequantize + int weight + scales), it is serialized as an fp32-input,
-    per-channel int8/int4 fully-connected node.
-    """
-    from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig
-    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, tag_as_implicit_q_dq
-    from executorch.backends.xnnpack.utils.utils import get_input_node, is_param_node
-
-    class WeightOnlyLinearConfig(LinearConfig):
-        def get_deps(self, node, ep):
-            weight = get_input_node(node, 1)
-            if is_dequant(get_input_node(node, 0)) or not is_dequant(weight):
-                return super().get_deps(node, ep)
-            if len(node.all_input_nodes) > 2 or not all(is_param_node(ep, arg) for arg in weight.all_input_nodes):
-                return False, []
-            tag_as_implicit_q_dq(weight)
-            return True, [weight, *weight.all_input_nodes]
-
-    return WeightOnlyLinearConfig
-
-
 def partitioner():
-    """The XNNPACK partitioner with :func:`_weight_only_linear_config` in place of the stock linear config."""
-    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
-    from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig
+    """The XNNPACK partitioner, with :func:`hub_export.patches.xnnpack_partitioner_configs` (weight-only linears
+    claimed whole)."""
     from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
 
-    weight_only = _weight_only_linear_config()
-    return XnnpackPartitioner(configs=[weight_only if c is LinearConfig else c for c in ALL_PARTITIONER_CONFIGS])
+    return XnnpackPartitioner(configs=xnnpack_partitioner_configs())
 
 
 def _tag_weights_external(tag: str):
@@ -169,7 +143,7 @@ def to_pte(
     if data_path is not None and data_path.parent != path.parent:
         raise ValueError("the data file must sit next to the .pte")
     tag = data_path.stem if data_path is not None else None
-    from executorch.exir import EdgeCompileConfig, ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
     inferred_reshapes(program)
@@ -182,7 +156,7 @@ def to_pte(
                 decomposed or program,
                 transform_passes=[_tag_weights_external(tag)] if tag else None,
                 partitioner=[xnnpack],
-                compile_config=EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True),
+                compile_config=edge_compile_config(),
                 constant_methods=metadata,
             )
         executorch_program = edge.to_executorch(

@@ -30,7 +30,7 @@ def rss_kib() -> dict:
 def main() -> None:
     # Imports first: started early ("-"), the probe is ready by the time the file is.
     import torch
-    from executorch.extension.pybindings._C import _load_for_executorch
+    from executorch.runtime import Runtime
 
     root = Path(importlib.util.find_spec("executorch").submodule_search_locations[0])
     for library in (*root.glob("extension/llm/custom_ops/*custom_ops_aot_lib.*"),
@@ -43,14 +43,15 @@ def main() -> None:
     data = request[2].strip() if len(request) > 2 and request[2].strip() else None
     Path("/proc/self/clear_refs").write_text("5")  # peak RSS := current RSS
     before = rss_kib()["VmRSS"]
-    module = _load_for_executorch(pte, data_path=data)
-    length = int(module.run_method("get_max_seq_len", [])[0])
-    vocab = int(module.run_method("get_vocab_size", [])[0])
+    program = Runtime.get().load_program(pte, data_path=data)
+    length = int(program.load_method("get_max_seq_len").execute([])[0])
+    vocab = int(program.load_method("get_vocab_size").execute([])[0])
+    forward = program.load_method("forward")
     started = time.perf_counter()
     tokens = torch.arange(1, length, dtype=torch.long).remainder(vocab).view(1, -1)
-    module.forward([tokens, torch.arange(0, length - 1, dtype=torch.long)])
+    forward.execute([tokens, torch.arange(0, length - 1, dtype=torch.long)])
     for position in range(length - 1, length + extra):
-        module.forward([torch.tensor([[position % vocab]]), torch.tensor([position])])
+        forward.execute([torch.tensor([[position % vocab]]), torch.tensor([position])])
     seconds = time.perf_counter() - started
     peak = rss_kib()["VmHWM"]
     print(json.dumps({"peak_rss_bytes": max(0, peak - before) * 1024, "context_tokens": length + extra,

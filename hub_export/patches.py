@@ -1,16 +1,19 @@
-"""Every patch of another library's private code, in one place.
+"""Every use of another library's private code, in one place.
 
 Each patch below was measured and is tested; each names the upstream code it works
-around and the versions it was written against. On other versions it is not applied:
-the export still works, only slower or with more memory, and says so once. After a
-torch, ExecuTorch or transformers upgrade, this is the file to check: rerun
-``tests/test_lower.py`` with ``make test-all`` (same bytes with and without each
-skipped trace or pass) and the benchmarks, then widen the versions below.
+around or reaches into and the versions it was written against. On other versions it
+is not applied: the export still works, only slower, with more memory or without a
+feature (each says which), and says so once. After an upgrade of torch, ExecuTorch,
+torchao, transformers or ray, this is the file to check (``tests/test_private_apis.py``
+fails on a private name used anywhere else): rerun ``tests/test_lower.py`` with
+``make test-all`` (same bytes with and without each skipped trace or pass) and the
+benchmarks, then widen the versions below.
 """
 
 from __future__ import annotations
 
 import contextlib
+import dataclasses
 import functools
 import logging
 from dataclasses import dataclass
@@ -80,6 +83,83 @@ def _version(package: str) -> str | None:
         return None
 
 
+
+
+# -- settings and hooks that upstream keeps private ----------------------------------------
+
+
+EDGE_SETTINGS = Patch(
+    "edge compile settings", "executorch", ("1.5.",),
+    "EdgeCompileConfig's private fields _check_ir_validity and _skip_dim_order",
+    "the edge dialect's IR check refuses torchao's quantized ops, so quantized variants fail to lower",
+)
+
+
+def edge_compile_config():
+    """ExecuTorch's ``EdgeCompileConfig`` with the IR check off (torchao's ops are not core ATen) and dim order
+    left implicit (the XNNPACK delegate takes contiguous tensors); the stock config where its fields changed."""
+    from executorch.exir import EdgeCompileConfig
+
+    known = {field.name for field in dataclasses.fields(EdgeCompileConfig)}
+    if not EDGE_SETTINGS.applies() and not {"_check_ir_validity", "_skip_dim_order"} <= known:
+        return EdgeCompileConfig()
+    return EdgeCompileConfig(_check_ir_validity=False, _skip_dim_order=True)
+
+
+WEIGHT_ONLY_LINEARS = Patch(
+    "weight-only linear partitioning", "executorch", ("1.5.",),
+    "XNNPACK's internal LinearConfig.get_deps (executorch/backends/xnnpack/partition/config/gemm_configs.py)",
+    "weight-only variants (4w, 8w) are lowered through a decomposition XNNPACK gets wrong and fail verification",
+)
+
+
+def xnnpack_partitioner_configs() -> list:
+    """XNNPACK's partitioner configs, its linear config extended to claim float-activation, integer-weight linears.
+
+    The stock config treats a dequantized weight as static quantization and then wants
+    the activation dequantized too, so it rejects :mod:`hub_export.weight_only`'s
+    pattern and the graph falls back to a decomposition XNNPACK gets wrong. Claimed
+    whole (dequantize + int weight + scales), it is serialized as an fp32-input,
+    per-channel int8/int4 fully-connected node.
+    """
+    from executorch.backends.xnnpack.partition.config import ALL_PARTITIONER_CONFIGS
+    from executorch.backends.xnnpack.partition.config.gemm_configs import LinearConfig
+    from executorch.backends.xnnpack.utils.quant_utils import is_dequant, tag_as_implicit_q_dq
+    from executorch.backends.xnnpack.utils.utils import get_input_node, is_param_node
+
+    if not WEIGHT_ONLY_LINEARS.applies():
+        return list(ALL_PARTITIONER_CONFIGS)
+
+    class WeightOnlyLinearConfig(LinearConfig):
+        def get_deps(self, node, ep):
+            weight = get_input_node(node, 1)
+            if is_dequant(get_input_node(node, 0)) or not is_dequant(weight):
+                return super().get_deps(node, ep)
+            if len(node.all_input_nodes) > 2 or not all(is_param_node(ep, arg) for arg in weight.all_input_nodes):
+                return False, []
+            tag_as_implicit_q_dq(weight)
+            return True, [weight, *weight.all_input_nodes]
+
+    return [WeightOnlyLinearConfig if config is LinearConfig else config for config in ALL_PARTITIONER_CONFIGS]
+
+
+RAY_ATTEMPTS = Patch(
+    "Ray task attempt number", "ray", ("2.60.",),
+    "ray._private.worker.global_worker.core_worker.get_current_task_attempt_number (no public API says it)",
+    "a variant build retried after its worker died is not counted as a retry in the progress and the batch summary",
+)
+
+
+def ray_task_attempt() -> int | None:
+    """Which run of the current Ray task this is (0 the first), or None where this Ray does not say."""
+    if not RAY_ATTEMPTS.applies():
+        return None
+    import ray
+
+    try:
+        return int(ray._private.worker.global_worker.core_worker.get_current_task_attempt_number())
+    except (AttributeError, TypeError, ValueError):
+        return None
 
 
 # -- glibc: hand freed memory back to the OS ---------------------------------------------

@@ -88,7 +88,7 @@ INT4_SCALES = ("hqq", "minmax")
 
 
 def _scale_algorithm(bits: int, scales: str):
-    from torchao.quantization.quantize_.workflows.intx.intx_choose_qparams_algorithm import (
+    from torchao.quantization.quantize_.workflows import (
         IntxChooseQParamsAlgorithm,
     )
 
@@ -96,22 +96,31 @@ def _scale_algorithm(bits: int, scales: str):
     return IntxChooseQParamsAlgorithm.HQQ_SCALE_ONLY if hqq else IntxChooseQParamsAlgorithm.AFFINE
 
 
-def _dynamic_act(bits: int):
+def _linear_config(bits: int, weight_only: bool):
+    """granularity, scales -> the torchao config of ``bits``-bit weights, with int8 dynamic activations or without."""
+
     def make(granularity, scales: str = "minmax"):
-        config_cls, _, _, _ = _torchao()
-        return config_cls(weight_dtype=_dtype(bits), weight_granularity=granularity,
-                          intx_choose_qparams_algorithm=_scale_algorithm(bits, scales))
+        dynamic_cls, weight_only_cls, _, _ = _torchao()
+        common = dict(weight_dtype=_dtype(bits), intx_choose_qparams_algorithm=_scale_algorithm(bits, scales))
+        if weight_only:
+            return weight_only_cls(granularity=granularity, **common)
+        return dynamic_cls(weight_granularity=granularity, **common)
 
     return make
+
+
+def _dynamic_act(bits: int):
+    return _linear_config(bits, weight_only=False)
 
 
 def _weight_only(bits: int):
-    def make(granularity, scales: str = "minmax"):
-        _, config_cls, _, _ = _torchao()
-        return config_cls(weight_dtype=_dtype(bits), granularity=granularity,
-                          intx_choose_qparams_algorithm=_scale_algorithm(bits, scales))
+    return _linear_config(bits, weight_only=True)
 
-    return make
+
+def dynamic_activation_config(bits: int, group_size: int, scales: str = "minmax"):
+    """The torchao config of int8 dynamic activations with int4 grouped (``bits=4``) or int8 per-channel weights:
+    how 8da4w and 8da8w round a linear layer."""
+    return _dynamic_act(bits)(_granularity(bits == 4, group_size), scales)
 
 
 QMODES: dict[str, QMode] = {

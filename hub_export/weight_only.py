@@ -24,8 +24,8 @@ import torch
 import torch.nn.functional as F
 from torch import nn
 
-# Registers torch.ops.quantized_decomposed.* (the ops ExecuTorch's quantizer emits).
-from torch.ao.quantization.fx import _decomposed  # noqa: F401
+# Registers torch.ops.quantized_decomposed.* (the ops ExecuTorch's quantizer emits), through its public package.
+import executorch.exir  # noqa: F401
 
 
 class WeightOnlyLinear(nn.Module):
