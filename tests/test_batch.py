@@ -90,3 +90,25 @@ def test_a_failed_job_fails_its_own_repo_only_and_the_run_says_so(local_hub, tin
         "model-fp32.pte"]
     assert summary(states) == "2 job(s): 1 pushed, 1 failed"
     assert any(line.startswith("alice/batch-survivor: [model-fp32.pte] verifying") for line in seen)
+
+
+def test_a_bug_in_a_job_keeps_its_traceback_in_a_log_the_summary_names(monkeypatch, tmp_path) -> None:
+    import hub_export.batch as batch_module
+    from hub_export.batch import run_batch, summary
+
+    def buggy_push(source, repo_id, *args, **kwargs):
+        if repo_id == "me/broken":
+            return {}["a key hub-export forgot"]
+        raise InputError("the other job's own failure")
+
+    monkeypatch.setattr(batch_module, "push", buggy_push)
+    monkeypatch.setenv("HUB_EXPORT_LOG_DIR", str(tmp_path))
+    jobs = parse_plan("jobs:\n  - {source: a/b, repo: me/broken}\n  - {source: c/d, repo: me/other}\n")
+    states = run_batch(jobs, token="hf_batchsecretbatchsecret")
+    assert [s.state for s in states] == ["failed", "failed"]
+    (log,) = tmp_path.iterdir()
+    assert states[0].log_file == str(log) and states[1].log_file is None
+    assert "bug in hub-export" in states[0].error and log.name in states[0].error
+    assert "buggy_push" in log.read_text() and "KeyError" in log.read_text()
+    assert summary(states).startswith("2 job(s): 2 failed; tracebacks of hub-export bugs: ")
+    assert log.name in summary(states)
