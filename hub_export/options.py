@@ -36,16 +36,29 @@ SOURCE_OPTIONS = ("base_model", "license", "model_name", "revision", "gguf_file"
 _NOT_VARIANT_SETTINGS = {"qmodes", "jobs", "verify", "trust_remote_code", "allow_pickle", *SOURCE_OPTIONS}
 
 
+@dataclass(frozen=True)
+class FormControl:
+    """How a form offers an option: its label, and its choices or limits (what the library accepts)."""
+
+    label: str
+    choices: tuple[tuple[str, Any], ...] = ()  # (shown, value); several may be picked when the option is a tuple
+    minimum: int | None = None
+    step: int | None = None
+    info: str | None = None  # the hint under the control (default: the option's help)
+    elem_id: str | None = None  # the page's id for it, which browser tests find it by
+
+
 def _option(default: Any, *flags: str, help: str, commands: tuple[str, ...] = EXPORT_AND_PUSH,
-            reproduce: bool = True, show_default: bool = True) -> Any:
+            reproduce: bool = True, show_default: bool = True, form: FormControl | None = None) -> Any:
     """A field of :class:`ExportOptions` with what a front end needs to offer it.
 
     ``flags``: the CLI's names (default: ``--field-name``); ``commands``: the CLI
     commands that take it; ``reproduce``: whether it belongs in the command that
-    reproduces an export's files (``--jobs`` changes only how fast they are built).
+    reproduces an export's files (``--jobs`` changes only how fast they are built);
+    ``form``: how the Space's export form offers it (not offered when None).
     """
     metadata = {"flags": flags, "help": help, "commands": commands, "reproduce": reproduce,
-                "show_default": show_default}
+                "show_default": show_default, "form": form}
     return field(default=default, metadata=metadata)
 
 
@@ -63,19 +76,32 @@ class ExportOptions:
     :class:`~hub_export.errors.InputError` naming the flag to change.
     """
 
-    qmodes: tuple[str, ...] = _option(("8da4w",), "--qmode", "-q", help=_qmode_help())
+    qmodes: tuple[str, ...] = _option(
+        ("8da4w",), "--qmode", "-q", help=_qmode_help(),
+        form=FormControl("Variants", tuple((f"{m.name}: {m.description}", m.name) for m in quantize.QMODES.values()),
+                         info="One .pte file each; every one is verified.", elem_id="export-variants"))
     qembedding: str | None = _option(
         None, help=f"Quantize the token embedding: {' or '.join(quantize.QEMBEDDINGS)} (default: float32).",
-        show_default=False)
-    group_size: int = _option(quantize.DEFAULT_GROUP_SIZE, help="Group size for grouped int4 weights.")
+        show_default=False,
+        form=FormControl("Embedding quantization",
+                         (("none", None), *((f"{bits}-bit", name) for name, bits in quantize.QEMBEDDINGS.items())),
+                         info="Shrinks large vocabularies.", elem_id="export-embedding"))
+    group_size: int = _option(
+        quantize.DEFAULT_GROUP_SIZE, help="Group size for grouped int4 weights (a multiple of 32).",
+        form=FormControl("Group size", minimum=32, step=32))
     max_seq_len: int | None = _option(
-        None, help="KV cache length (prompt + generation). Default: min(model limit, 2048).", show_default=False)
+        None, help="KV cache length (prompt + generation). Default: min(model limit, 2048).", show_default=False,
+        form=FormControl("Max sequence length", minimum=0,
+                         info="Prompt + generated tokens; 0: the model's limit, at most 2048."))
     sliding_cache: str = _option(
         "ring", "--sliding-cache",
         help="Cache of sliding-window layers: ring (keeps the window, exact) or full (every position, masked).")
     kv_cache: str = _option(
         "fp32", "--kv-cache",
-        help="KV cache values: fp32, or int8 (per token and head, about a quarter of the memory; costs some accuracy).")
+        help="KV cache values: fp32, or int8 (per token and head, about a quarter of the memory; costs some accuracy).",
+        form=FormControl("KV cache", (("float", "fp32"), ("int8: about a quarter of the memory", "int8")),
+                         info="Keys and values kept per token; int8 costs some accuracy (shown in the table).",
+                         elem_id="export-kv-cache"))
     attention_sink: str | None = _option(
         None, "--attention-sink", show_default=False,
         help="SINK,WINDOW (e.g. 4,2044): keep the first SINK tokens and the last WINDOW, and generate past the cache "
@@ -120,12 +146,14 @@ class ExportOptions:
         None, "--model-name", show_default=False,
         help="The model's name for the card's title (default: --base-model, else the source's id or folder name).")
     revision: str | None = _option(None, help="Branch, tag or commit of the SOURCE repo to export.",
-                                   show_default=False)
+                                   show_default=False, form=FormControl("Revision", info="Branch, tag or commit."))
     trust_remote_code: bool = _option(False, help="Allow models that need custom code from the repo.")
     allow_pickle: bool = _option(False, help="Allow pickle (*.bin) weights, which can run code when loaded.")
     task: str | None = _option(
         None, "--task", show_default=False,
-        help=f"What the file does: {' or '.join(tasks.TASKS)} (default: read from the model's architecture).")
+        help=f"What the file does: {' or '.join(tasks.TASKS)} (default: read from the model's architecture).",
+        form=FormControl("Task", (("from the model", None), *((name, name) for name in tasks.TASKS)),
+                         info="Text generation for causal LMs, sentence embeddings for encoders."))
 
     def __post_init__(self) -> None:
         # Lists are welcome (the CLI gives one); a tuple keeps the object hashable and frozen.
@@ -295,6 +323,11 @@ def cli_flags(spec: dataclasses.Field) -> tuple[str, ...]:
     return spec.metadata["flags"] or ("--" + spec.name.replace("_", "-"),)
 
 
+def form_fields() -> list[dataclasses.Field]:
+    """The options a form offers (those with a :class:`FormControl`), in the order they are declared."""
+    return [spec for spec in dataclasses.fields(ExportOptions) if spec.metadata["form"] is not None]
+
+
 def help_text(name: str) -> str:
     """The help text of option ``name``, for front ends that label a control with it."""
     return next(spec.metadata["help"] for spec in option_fields() if spec.name == name)
@@ -310,4 +343,4 @@ _COMMAND_SPELLINGS = {"from_dir": "--from", "output": "-o/--output", "no_chat": 
                       "no_calibration": "--no-calibration"}
 declare_spellings({**_COMMAND_SPELLINGS, **{spec.name: cli_flags(spec)[0] for spec in option_fields()}})
 
-__all__ = ["ExportOptions", "options_with", "option_fields", "cli_flags", "help_text", "variant_filename", "DEFAULT_QUALITY_TOKENS"]
+__all__ = ["ExportOptions", "FormControl", "form_fields", "options_with", "option_fields", "cli_flags", "help_text", "variant_filename", "DEFAULT_QUALITY_TOKENS"]

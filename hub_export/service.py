@@ -38,7 +38,7 @@ from .card import human_size, variant_facts
 from .errors import HubExportError, InputError, Namer, cli_name
 from .generate import GenerationResult, Sampling, stream_generate
 from .manifest import Manifest
-from .options import ExportOptions
+from .options import ExportOptions, form_fields
 from .redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -102,27 +102,45 @@ class ExportRequest:
     private: bool = False
 
 
-def export_request(
-    source: Any, revision: Any, variants: Any, qembedding: Any, group_size: Any, max_seq_len: Any, repo_name: Any,
-    private: Any, *, endpoint: str, allow_local: bool = False, kv_cache: Any = "fp32",
-) -> ExportRequest:
+def options_from_form(values: Mapping[str, Any]) -> ExportOptions:
+    """The :class:`ExportOptions` of a form's values, by option name (the fields of :func:`form_fields`).
+
+    Each value is read by its option's type: several choices for a tuple, a whole number
+    (blank or 0: the default) for an int, text (blank: the default) otherwise. The checks
+    are the library's own, so the form refuses exactly what the CLI refuses. A service
+    never runs code from the models it converts: ``trust_remote_code`` stays off.
+
+    Raises:
+        InputError: a value the library refuses, worded with the option's name.
+    """
+    chosen: dict[str, Any] = {}
+    for spec in form_fields():
+        if spec.name in values:
+            chosen[spec.name] = _form_value(spec, values[spec.name])
+    if "qmodes" in chosen and not chosen["qmodes"]:
+        raise InputError("pick at least one variant to export", param="qmodes")
+    return ExportOptions(**chosen, trust_remote_code=False)
+
+
+def _form_value(spec, value: Any) -> Any:
+    """One form value as its option's type; blank (and 0 for a count) means the option's default."""
+    kind, label = str(spec.type), spec.metadata["form"].label
+    if kind.startswith("tuple"):
+        return tuple(dict.fromkeys(value or []))
+    if kind.startswith("int"):
+        return whole_number(value, label) or spec.default
+    text = str(value).strip() if value is not None else ""
+    return text if text and text != "none" else spec.default
+
+
+def export_request(source: Any, options: Mapping[str, Any], repo_name: Any, private: Any, *, endpoint: str,
+                   allow_local: bool = False) -> ExportRequest:
     """Check an export form (or the same API arguments) into an :class:`ExportRequest`.
 
-    A service never runs code from the models it converts: ``trust_remote_code`` stays off.
+    ``options`` are the form's option values by name (see :func:`options_from_form`).
     """
     source = source_id(source, endpoint, allow_local=allow_local)
-    qmodes = list(dict.fromkeys(variants or []))
-    if not qmodes:
-        raise InputError("pick at least one variant to export")
-    options = ExportOptions(
-        qmodes=tuple(qmodes),
-        qembedding=None if qembedding in (None, "", "none") else str(qembedding),
-        group_size=whole_number(group_size, "Group size") or ExportOptions.group_size,
-        max_seq_len=whole_number(max_seq_len, "Max sequence length"),
-        revision=str(revision or "").strip() or None,
-        kv_cache=str(kv_cache or "fp32"),
-        trust_remote_code=False,
-    )
+    options = options_from_form(options)
     name = str(repo_name or "").strip() or default_repo_name(source)
     return ExportRequest(source, options, name, bool(private))
 

@@ -10,29 +10,30 @@ Run ``python space/app.py`` (see ``space/README.md`` for the environment variabl
 ``make space`` for an offline demo against the local Hub.
 """
 
+import inspect
 import logging
 import os
-import tempfile
 import threading
 import time
 import uuid
-from collections.abc import Iterator, Mapping
-from dataclasses import dataclass, field
+from collections.abc import Iterator
 from pathlib import Path
 from typing import Any
 
 import gradio as gr
 
 from hub_export import service
-from hub_export.hub import target_repo
-from hub_export.pull import list_variants
 from hub_export.errors import HubError
 from hub_export.generate import GenerationResult
-from hub_export.hub import resolve_endpoint
+from hub_export.hub import target_repo
+from hub_export.options import form_fields
+from hub_export.pull import list_variants
 from hub_export.redact import Redactor
 from hub_export.service import BackgroundJob
 
-# The page's layout and views, in this folder (on sys.path for `python space/app.py` and on Spaces).
+# The page's layout, views and settings, in this folder (on sys.path for `python space/app.py` and on Spaces).
+from settings import AuthPolicy, Settings, auth_policy, settings_from_env  # noqa: F401 - the app's public names
+from wording import FIELD_LABELS, SPACE_HINTS, failure_message, field_label  # noqa: F401 - the app's public names
 from layout import (  # noqa: E402, I001 - a sibling module, not a package
     API_NOTE, DONE, FAILED, INTRO, LAUNCH_OPTIONS, RUNNING, ExportView,
     access_row, bar, clock, default_name, default_prompt, export_queued, export_tab, fill_preview, preview_queued,
@@ -41,124 +42,6 @@ from layout import (  # noqa: E402, I001 - a sibling module, not a package
 
 log = logging.getLogger("hub_export.space")
 HERE = Path(__file__).parent
-
-# The library names options by their CLI flags and advises in CLI terms; the page names its
-# fields and gives its own advice where a flag to pass makes no sense in a web form.
-FIELD_LABELS = {
-    "token": "your token", "source": "'Source model'", "revision": "'Revision'", "qmodes": "'Variants'",
-    "qembedding": "'Embedding quantization'", "group_size": "'Group size'", "max_seq_len": "'Max sequence length'",
-    "kv_cache": "'KV cache'",
-    "repo_id": "'Target repo'", "endpoint": "the Space's HF_ENDPOINT", "branch": "the revision",
-    "max_new_tokens": "'Max new tokens'", "system": "'System message'", "temperature": "'Temperature'",
-    "top_p": "'Top-p'", "top_k": "'Top-k'", "repetition_penalty": "'Repetition penalty'", "seed": "'Seed'",
-}  # fmt: skip
-SPACE_HINTS = {
-    "login": "sign in again or paste a valid write token",
-    "token_rejected": "sign in again or paste a valid write token",
-    "read_only": "create a write token and use it here",
-    "gated": "accept its conditions on the Hub, then retry with the token of an account that accepted them",
-    "not_found": "check the id; for a private repo, use a token that can read it",
-    "forbidden": "use a token with access to that repo, or choose a 'Target repo' in your own namespace",
-    "other_source": "choose another 'Target repo'",
-    "foreign_repo": "choose another 'Target repo'",
-    "other_namespace": "choose a 'Target repo' in your own namespace",
-    "no_chat_template": "untick 'Use the chat template' to send the prompt as is",
-    "system_needs_chat": "tick 'Use the chat template', or clear the system message",
-}
-
-
-def field_label(name: str) -> str:
-    """The form's name for a library option (``max_seq_len`` -> 'Max sequence length')."""
-    return FIELD_LABELS.get(name, f"'{name.replace('_', ' ').capitalize()}'")
-
-
-def failure_message(error: BaseException, job_id: str, redact: Redactor) -> str:
-    """The one line the page shows for ``error``: the library's, in the form's words."""
-    if isinstance(error, gr.Error):
-        return redact(error.message)
-    return service.failure_line(error, job_id, redact, field_label, SPACE_HINTS, logs="the Space's logs")
-
-
-# -- whose token, and the settings --------------------------------------------------------
-
-
-@dataclass(frozen=True)
-class AuthPolicy:
-    """Whose token a job may use.
-
-    ``use_oauth``: the page shows "Sign in with Hugging Face" and jobs use the signed-in
-    user's token. ``env_token_allowed``: a job without a user token may fall back to the
-    server's ``HF_TOKEN`` (offline use only: on a public Space every visitor would act as
-    the Space's owner).
-    """
-
-    use_oauth: bool
-    env_token_allowed: bool
-    description: str
-
-
-def auth_policy(env: Mapping[str, str]) -> AuthPolicy:
-    """The policy from the Space's environment.
-
-    OAuth is available when the Space sets ``hf_oauth: true`` (Spaces then define
-    ``OAUTH_CLIENT_ID``); with it, the server's ``HF_TOKEN`` is never used.
-    ``HUB_EXPORT_SPACE_OFFLINE=1`` asks for offline mode; off a Space (no ``SPACE_ID``)
-    it is implied. A Space without OAuth and without the switch takes pasted tokens only.
-    """
-    oauth = bool(env.get("SPACE_ID") and env.get("OAUTH_CLIENT_ID"))
-    offline = env.get("HUB_EXPORT_SPACE_OFFLINE", "").strip().lower() in ("1", "true", "yes")
-    if oauth:
-        if offline:
-            log.warning("HUB_EXPORT_SPACE_OFFLINE is ignored: OAuth is available, so only user tokens are used")
-        return AuthPolicy(True, False, "OAuth: jobs use the signed-in user's token")
-    if offline or not env.get("SPACE_ID"):
-        return AuthPolicy(False, True, "offline: jobs use the pasted token, else the server's HF_TOKEN")
-    return AuthPolicy(False, False, "no OAuth: jobs use the token each visitor pastes")
-
-
-@dataclass(frozen=True)
-class Settings:
-    """Everything the app reads from its environment, resolved once at start-up."""
-
-    endpoint: str
-    auth: AuthPolicy
-    concurrency: int = 1  # exports at once
-    preview_concurrency: int = 1  # previews at once, in a lane of their own: never behind an export
-    queue_size: int = 8
-    work_root: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "hub-export-space")
-    env_token: str | None = field(default=None, repr=False)  # never printed
-    ray_address: str | None = None  # exports run on this Ray cluster instead of this machine
-
-    @property
-    def allow_local_sources(self) -> bool:
-        """Local folders as sources: on a public (OAuth) Space they would expose the server's disk."""
-        return not self.auth.use_oauth
-
-
-def _positive_int(env: Mapping[str, str], name: str, default: int) -> int:
-    raw = env.get(name, "").strip()
-    if raw and (not raw.isdigit() or int(raw) < 1):
-        raise SystemExit(f"{name}={raw!r}: expected a whole number of at least 1")
-    return int(raw) if raw else default
-
-
-def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
-    """:class:`Settings` from ``env`` (default: ``os.environ``); a bad value stops start-up with one line."""
-    env = os.environ if env is None else env
-    auth = auth_policy(env)
-    work_root = env.get("HUB_EXPORT_SPACE_WORKDIR", "").strip()
-    env_token = (env.get("HF_TOKEN") or "").strip() or None
-    return Settings(
-        endpoint=resolve_endpoint(env.get("HF_ENDPOINT") or None),
-        auth=auth,
-        concurrency=_positive_int(env, "HUB_EXPORT_SPACE_CONCURRENCY", 1),
-        preview_concurrency=_positive_int(env, "HUB_EXPORT_SPACE_PREVIEW_CONCURRENCY", 1),
-        queue_size=_positive_int(env, "HUB_EXPORT_SPACE_QUEUE", 8),
-        **({"work_root": Path(work_root).expanduser()} if work_root else {}),
-        env_token=env_token if auth.env_token_allowed else None,
-        ray_address=env.get("HUB_EXPORT_RAY_ADDRESS", "").strip() or None,
-    )
-
 
 # -- the handlers ---------------------------------------------------------------------------
 
@@ -206,23 +89,25 @@ class Jobs:
         # HF_TOKEN too when unused: a Space secret must not leak through an echoed error.
         return Redactor(self.settings.env_token, os.environ.get("HF_TOKEN"), *tokens)
 
-    def export_request(self, *form: Any, kv_cache: Any = "fp32") -> service.ExportRequest:
-        return service.export_request(*form, endpoint=self.settings.endpoint,
-                                      allow_local=self.settings.allow_local_sources, kv_cache=kv_cache)
+    def export_request(self, source: Any, options: dict[str, Any], repo_name: Any = "",
+                       private: Any = False) -> service.ExportRequest:
+        return service.export_request(source, options, repo_name, private, endpoint=self.settings.endpoint,
+                                      allow_local=self.settings.allow_local_sources)
 
     def _background(self, work, kind: str) -> BackgroundJob:
         return BackgroundJob(work, slots=self.lanes[kind], root=self.settings.work_root, kind=kind)
 
-    def export(self, source, revision, variants, qembedding, group_size, max_seq_len, repo_name, private, token,
-               kv_cache="fp32", oauth_token: gr.OAuthToken | None = None,
-               progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
-        """Export ``source`` to ExecuTorch, verify it and push it; yields (status, log, link, table, card, repo id)."""
+    def export(self, source, options: dict[str, Any], repo_name, private, token,
+               oauth_token: gr.OAuthToken | None = None, progress: gr.Progress = gr.Progress()) -> Iterator[tuple]:
+        """Export ``source`` to ExecuTorch, verify it and push it; yields (status, log, link, table, card, repo id).
+
+        ``options``: the form's export options by name (:func:`hub_export.service.options_from_form`).
+        """
         job_id = uuid.uuid4().hex[:8]
         redact = self.redactor(token, oauth_token.token if oauth_token else None)
         view = ExportView(status=f"{RUNNING} starting…")
         try:
-            request = self.export_request(source, revision, variants, qembedding, group_size, max_seq_len,
-                                          repo_name, private, kv_cache=kv_cache)
+            request = self.export_request(source, options, repo_name, private)
             user = self.user_token(oauth_token, token, required=True)
             redact.add(user)
             yield view.outputs()
@@ -327,6 +212,47 @@ def _speed_line(result: GenerationResult) -> str:
     )
 
 
+OPTION_NAMES = [spec.name for spec in form_fields()]
+# What the /export endpoint takes, in order: the source, every option the form offers (as ExportOptions declares
+# them), then where to push; API clients may name them too.
+EXPORT_PARAMETERS = inspect.Signature([
+    *(inspect.Parameter(name, inspect.Parameter.POSITIONAL_OR_KEYWORD)
+      for name in ("source", *OPTION_NAMES, "repo_name", "private", "token")),
+    inspect.Parameter("oauth_token", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=None,
+                      annotation=gr.OAuthToken | None),
+    inspect.Parameter("progress", inspect.Parameter.POSITIONAL_OR_KEYWORD, default=gr.Progress(),
+                      annotation=gr.Progress),
+])
+
+
+def export_endpoint(jobs: Jobs):
+    """``jobs.export`` with one parameter per form option, so Gradio (and its API) sees each control."""
+
+    def export(*args: Any, **kwargs: Any) -> Iterator[tuple]:
+        given = EXPORT_PARAMETERS.bind(*args, **kwargs)
+        given.apply_defaults()
+        values = given.arguments
+        yield from jobs.export(values["source"], {name: values[name] for name in OPTION_NAMES}, values["repo_name"],
+                               values["private"], values["token"], values["oauth_token"], values["progress"])
+
+    export.__signature__ = EXPORT_PARAMETERS
+    return export
+
+
+def check_export_form(jobs: Jobs):
+    """The form's first step, outside the queue: the library's own checks, so a bad value never waits for a slot."""
+
+    def check(*args: Any) -> tuple:
+        values = EXPORT_PARAMETERS.bind_partial(*args).arguments
+        try:
+            jobs.export_request(values["source"], {name: values[name] for name in OPTION_NAMES})
+        except Exception as error:  # noqa: BLE001 - shown as the form's one line
+            raise gr.Error(failure_message(error, "form", jobs.redactor()), print_exception=False) from None
+        return export_queued()
+
+    return check
+
+
 def build_app(settings: Settings | None = None) -> gr.Blocks:
     """The Space's Blocks, with its queue configured; launch with ``.launch(**LAUNCH_OPTIONS)``."""
     settings = settings or settings_from_env()
@@ -343,17 +269,14 @@ def build_app(settings: Settings | None = None) -> gr.Blocks:
         gr.Markdown(API_NOTE)
 
         ex["source"].change(default_name, ex["source"], ex["repo_name"], api_visibility="private", queue=False)
-        export_inputs = [
-            ex["source"], ex["revision"], ex["variants"], ex["qembedding"], ex["group_size"],
-            ex["max_seq_len"], ex["repo_name"], ex["private"], token, ex["kv_cache"],
-        ]  # fmt: skip
+        export_inputs = [ex["source"], *ex["options"].values(), ex["repo_name"], ex["private"], token]
         export_outputs = [ex["status"], ex["log"], ex["link"], ex["table"], ex["card"], ex["pushed"]]
         # Feedback at once, outside the queue: the old results go and the job shows as queued
         # until a slot frees (the job's own first update replaces that line).
         ex["run"].click(
-            export_queued, None, export_outputs[:5], api_visibility="private", queue=False
-        ).then(
-            jobs.export,
+            check_export_form(jobs), export_inputs[:-3], export_outputs[:5], api_visibility="private", queue=False
+        ).success(
+            export_endpoint(jobs),
             export_inputs,
             export_outputs,
             api_name="export",

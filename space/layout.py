@@ -15,8 +15,7 @@ import pandas as pd
 
 from hub_export.hub import default_repo_name
 from hub_export.generate import Sampling
-from hub_export.options import ExportOptions, help_text
-from hub_export.quantize import QEMBEDDINGS, QMODES
+from hub_export.options import form_fields
 from hub_export.service import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, TABLE_HEADERS
 
 HERE = Path(__file__).parent
@@ -85,6 +84,33 @@ def access_row(use_oauth: bool, env_token_allowed: bool) -> gr.Textbox:
         )
 
 
+def option_control(spec) -> gr.components.Component:
+    """The control of one export option, from its declared :class:`~hub_export.options.FormControl`."""
+    form = spec.metadata["form"]
+    common = dict(label=form.label, info=form.info or spec.metadata["help"], elem_id=form.elem_id)
+    if form.choices:
+        # Gradio's choices hold strings: an option's None ("the default") is offered as "none".
+        choices = [(shown, "none" if value is None else value) for shown, value in form.choices]
+        default = spec.default
+        if str(spec.type).startswith("tuple"):
+            return gr.CheckboxGroup(choices, value=list(default), **common)
+        return gr.Radio(choices, value="none" if default is None else default, **common)
+    if str(spec.type).startswith("int"):
+        return gr.Number(spec.default or 0, precision=0, minimum=form.minimum, step=form.step or 1, **common)
+    return gr.Textbox(spec.default or "", **common)
+
+
+def option_controls() -> dict[str, gr.components.Component]:
+    """One control per option the form offers, by option name, in rows of three (ExportOptions declares them)."""
+    controls: dict[str, gr.components.Component] = {}
+    specs = form_fields()
+    for row in range(0, len(specs), 3):
+        with gr.Row():
+            for spec in specs[row:row + 3]:
+                controls[spec.name] = option_control(spec)
+    return controls
+
+
 def export_tab(allow_local_sources: bool) -> dict[str, Any]:
     ui: dict[str, Any] = {}
     with gr.Row():
@@ -92,43 +118,10 @@ def export_tab(allow_local_sources: bool) -> dict[str, Any]:
             label="Source model",
             placeholder="HuggingFaceTB/SmolLM2-135M"
             + (" or a local folder" if allow_local_sources else ""),
-            info="A transformers causal LM with safetensors weights; remote code is refused.",
+            info="A transformers causal LM or sentence encoder with safetensors weights; remote code is refused.",
             scale=3,
         )
-        ui["revision"] = gr.Textbox("", label="Revision", placeholder="main", info="Branch, tag or commit.", scale=1)
-    with gr.Row():
-        ui["variants"] = gr.CheckboxGroup(
-            [(f"{mode.name}: {mode.description}", mode.name) for mode in QMODES.values()],
-            value=["8da4w"],
-            label="Variants",
-            info="One .pte file each; every one is verified.",
-            elem_id="export-variants",
-        )
-        ui["qembedding"] = gr.Radio(
-            [("none", "none"), *((f"{bits}-bit", name) for name, bits in QEMBEDDINGS.items())],
-            value="none",
-            label="Embedding quantization",
-            info="Shrinks large vocabularies.",
-            elem_id="export-embedding",
-        )
-    with gr.Row():
-        ui["group_size"] = gr.Number(
-            ExportOptions.group_size, label="Group size", precision=0, minimum=1, info=help_text("group_size")
-        )
-        ui["max_seq_len"] = gr.Number(
-            0,
-            label="Max sequence length",
-            precision=0,
-            minimum=0,
-            info="Prompt + generated tokens; 0: the model's limit, at most 2048.",
-        )
-        ui["kv_cache"] = gr.Radio(
-            [("float", "fp32"), ("int8: about a quarter of the memory", "int8")],
-            value="fp32",
-            label="KV cache",
-            info="Keys and values kept per token; int8 costs some accuracy (shown in the table).",
-            elem_id="export-kv-cache",
-        )
+    ui["options"] = option_controls()
     with gr.Row(equal_height=True):
         ui["repo_name"] = gr.Textbox(
             "",

@@ -37,26 +37,40 @@ def test_a_pasted_model_url_or_id_is_the_source_and_a_path_is_refused_on_a_publi
         source_id("  ", HUB, allow_local=True)
 
 
+def _form(**values):
+    """A form's option values: the defaults the page shows, with ``values`` typed over them."""
+    shown = {"qmodes": ["8da4w"], "qembedding": "none", "group_size": 32, "max_seq_len": 0, "kv_cache": "fp32",
+             "revision": "", "task": "none"}
+    return {**shown, **values}
+
+
+def test_the_form_offers_every_option_it_declares() -> None:
+    from hub_export.options import form_fields
+
+    assert [spec.name for spec in form_fields()] == [
+        "qmodes", "qembedding", "group_size", "max_seq_len", "kv_cache", "revision", "task"]
+    assert set(_form()) == {spec.name for spec in form_fields()}
+
+
 def test_the_export_form_becomes_validated_options() -> None:
-    request = export_request("acme/Model", " v1 ", ["8da4w", "8da4w", "fp32"], "none", "", 0, "", True, endpoint=HUB)
+    request = export_request("acme/Model", _form(qmodes=["8da4w", "8da4w", "fp32"], group_size="", revision=" v1 "),
+                             "", True, endpoint=HUB)
     assert request.source == "acme/Model" and request.repo_name == "Model-ExecuTorch" and request.private
     options = request.options
     assert options.qmodes == ("8da4w", "fp32") and options.qembedding is None  # a double tick is one variant
     assert options.group_size == 32 and options.max_seq_len is None and options.revision == "v1"
-    assert options.trust_remote_code is False  # a service never runs a model's code
+    assert options.task is None and options.trust_remote_code is False  # a service never runs a model's code
     with pytest.raises(InputError, match="pick at least one variant"):
-        export_request("acme/Model", "", [], "8w", 32, 64, "x", False, endpoint=HUB)
+        export_request("acme/Model", _form(qmodes=[]), "x", False, endpoint=HUB)
     with pytest.raises(InputError, match="Max sequence length must be a whole number"):
-        export_request("acme/Model", "", ["8da4w"], "8w", 32, "long", "x", False, endpoint=HUB)
-    with pytest.raises(InputError) as bad_group:  # the library's own check, with the option named
-        export_request("acme/Model", "", ["8da4w"], "8w", 48, None, "x", False, endpoint=HUB)
-    assert bad_group.value.param == "group_size"
+        export_request("acme/Model", _form(max_seq_len="long"), "x", False, endpoint=HUB)
     assert options.kv_cache == "fp32"
-    assert export_request("acme/Model", "", ["8da4w"], "none", 32, 0, "x", False, endpoint=HUB,
-                          kv_cache="int8").options.kv_cache == "int8"
+    assert export_request("acme/Model", _form(kv_cache="int8"), "x", False, endpoint=HUB).options.kv_cache == "int8"
     with pytest.raises(InputError) as bad_cache:
-        export_request("acme/Model", "", ["8da4w"], "none", 32, 0, "x", False, endpoint=HUB, kv_cache="int3")
+        export_request("acme/Model", _form(kv_cache="int3"), "x", False, endpoint=HUB)
     assert bad_cache.value.param == "kv_cache"
+    request = export_request("acme/Model", _form(task="feature-extraction", qmodes=["8da8w"]), "x", False, endpoint=HUB)
+    assert request.options.task == "feature-extraction"
 
 
 def test_the_preview_form_is_checked_before_any_download() -> None:

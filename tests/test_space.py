@@ -93,8 +93,8 @@ def client(space: Space):
 
 
 def _export_args(source: str, token: str, repo_name: str = REPO.split("/")[1]) -> list:
-    # source, revision, variants, embedding quantization, group size, max seq len, repo, private, token
-    return [source, "", ["8da4w"], "none", 32, 64, repo_name, False, token]
+    # source; variants, embedding quantization, group size, max seq len, KV cache, revision, task; repo, private, token
+    return [source, ["8da4w"], "none", 32, 64, "fp32", "", "none", repo_name, False, token]
 
 
 @dataclass
@@ -323,7 +323,7 @@ def test_oauth_space_never_uses_the_space_token() -> None:
     with pytest.raises(HubError, match="sign in with Hugging Face"):
         jobs.user_token(None, "", required=True)
     with pytest.raises(InputError, match="not a Hub model id"):
-        jobs.export_request("/etc", "", ["8da4w"], "none", 32, None, "", False)
+        jobs.export_request("/etc", {"qmodes": ["8da4w"]})
     # (Building the OAuth page needs gradio[oauth] and a real Space: Gradio attaches its routes then.)
 
 
@@ -348,9 +348,32 @@ def test_token_precedence_and_env_settings() -> None:
         space_app.settings_from_env({"HUB_EXPORT_SPACE_QUEUE": "0"})
 
 
+def _service_form(**values):
+    from test_service import _form
+
+    return _form(**values)
+
+
+def test_the_form_refuses_what_the_library_refuses_before_a_job_is_queued() -> None:
+    settings = space_app.settings_from_env({"HUB_EXPORT_SPACE_OFFLINE": "1", "HF_ENDPOINT": "http://hub.test"})
+    jobs = space_app.Jobs(settings)
+    check = space_app.check_export_form(jobs)
+    with pytest.raises(InputError) as bad_group:  # the library's own check, with the option named
+        service.export_request("acme/Model", _service_form(group_size=48), "x", False, endpoint="http://hub.test")
+    assert bad_group.value.param == "group_size"
+    form = list(_service_form(group_size=48).values())
+    with pytest.raises(space_app.gr.Error) as refused:  # the click's first step, outside the queue
+        check("acme/Model", *form)
+    assert refused.value.message.startswith("'Group size' must be a positive multiple of 32 (got 48)")
+    assert "--" not in refused.value.message
+    assert check("acme/Model", *_service_form().values())[0].startswith("**Queued:**")  # a good form goes on to the queue
+
+
 def test_library_messages_are_worded_for_the_form(local_hub, tmp_path) -> None:
     """The library's CLI advice ("pass --token", "push to another repo") in the Space's words, from real failures."""
-    from hub_export import push as push_module
+    import importlib
+
+    push_module = importlib.import_module("hub_export.push")  # hub_export.push is the function
     from hub_export.export import export
     from hub_export.generate import Sampling
 
@@ -398,11 +421,14 @@ def test_every_click_gives_feedback_at_once(tmp_path: Path) -> None:
         endpoint="http://127.0.0.1:9", auth=space_app.AuthPolicy(False, False, "tests"), work_root=tmp_path
     )
     blocks = space_app.build_app(settings)
-    for handler, job in ((space_app.preview_queued, "preview"), (space_app.export_queued, "export")):
-        step = next(fn for fn in blocks.fns.values() if fn.fn is handler)
+    checks_the_form = "check_export_form.<locals>.check"
+    for first, job in (("preview_queued", "preview"), (checks_the_form, "export")):
+        step = next(fn for fn in blocks.fns.values() if getattr(fn.fn, "__qualname__", "") == first)
         assert step.queue is False, "feedback must not wait in the queue"
         then = next(fn for fn in blocks.fns.values() if fn.api_name == job)
         assert then.trigger_after == step._id, f"/{job} runs after the feedback step"
+    export = next(fn for fn in blocks.fns.values() if fn.api_name == "export")
+    assert export.trigger_only_on_success, "a form the library refuses never reaches the queue"
     text, stats = space_app.preview_queued()
     assert text == "" and stats.startswith(layout.QUEUED)
     status, log, link, table, card = space_app.export_queued()
