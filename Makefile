@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-extended test-real test-cluster test-all demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv clean
+.PHONY: install test test-extended test-real test-cluster test-all lint docs demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -38,6 +38,15 @@ test-cluster: $(STAMP)
 
 test-all: $(STAMP)
 	$(VENV)/bin/pytest -q -m "slow or real or cluster or extended or not slow"
+
+# ruff: the lint rules and the formatting pyproject.toml sets; CI runs it.
+lint: $(STAMP)
+	$(VENV)/bin/ruff check .
+	$(VENV)/bin/ruff format --check .
+
+# The documentation site (docs/, mkdocs.yml) into site/; --strict fails on a broken link.
+docs: $(STAMP)
+	$(VENV)/bin/mkdocs build --strict
 
 demo: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" bash scripts/demo.sh
@@ -76,4 +85,4 @@ bench-kv: $(STAMP)
 	$(PY) -m benchmarks.kv_cache
 
 clean:
-	rm -rf .demo test-artifacts benchmarks/work
+	rm -rf .demo test-artifacts benchmarks/work site

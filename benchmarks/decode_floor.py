@@ -219,12 +219,12 @@ def markdown(result: dict) -> str:
         f"Decode: the matmuls and norms alone take {floor['decode_ms']['median'] / peer['decode_ms']['median']:.0%} of the "
         f"peer's step; the target leaves "
         f"{decode_target - floor['decode_ms']['median']:.2f} ms per token "
-        f"for everything else, {ours['decode_ms']['median'] - floor['decode_ms']['median']:.2f} ms in our file today "
+        f"for everything else, {ours['decode_ms']['median'] - floor['decode_ms']['median']:.2f} ms in hub-export's file "
         f"and {peer['decode_ms']['median'] - floor['decode_ms']['median']:.2f} ms in the peer's.",
         f"Prefill: the matmuls and norms alone take {floor['prefill_ms']['median'] / peer['prefill_ms']['median']:.0%} of the "
         f"peer's; the target leaves "
         f"{prefill_target - floor['prefill_ms']['median']:.1f} ms for "
-        f"everything else, {ours['prefill_ms']['median'] - floor['prefill_ms']['median']:.1f} ms in our file today "
+        f"everything else, {ours['prefill_ms']['median'] - floor['prefill_ms']['median']:.1f} ms in hub-export's file "
         f"and {peer['prefill_ms']['median'] - floor['prefill_ms']['median']:.1f} ms in the peer's.",
     ]
     if attention:

@@ -36,7 +36,7 @@ from .quiet import quiet_libraries, quiet_torch
 from .redact import Redactor
 
 app = typer.Typer(
-    help="Export Hugging Face causal LMs to verified ExecuTorch .pte files and publish them to the Hub.",
+    help="Export Hugging Face models (causal LMs, sentence encoders) to verified ExecuTorch .pte files and publish them.",
     no_args_is_help=True,
     add_completion=False,
     pretty_exceptions_enable=False,
@@ -145,7 +145,7 @@ def export(
     retries: int = typer.Option(2, help=RETRIES_HELP),
     options: ExportOptions = None,
 ):
-    """Export a causal LM to verified ExecuTorch .pte variants (one per --qmode)."""
+    """Export a model (a causal LM, a sentence encoder) to verified ExecuTorch .pte variants (one per --qmode)."""
     quiet_torch()
     started = time.perf_counter()
     with _engine(ray, ray_address, retries) as engine, _stages(f"exporting {source}") as say:

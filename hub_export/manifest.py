@@ -65,8 +65,11 @@ class Variant:
         variant from before it was recorded has none, and any doubt means rebuild.
 
         Example:
-            >>> variant.built_as("8da4w", ExportOptions(max_seq_len=256))
-            True
+            >>> asked = ExportOptions(max_seq_len=256)
+            >>> built = Variant("model-8da4w.pte", "8da4w", None, 32, 256, 1, "0" * 64, {},
+            ...                 Verification(passed=True), 1.0, asked=asked.variant_settings())
+            >>> built.built_as("8da4w", asked), built.built_as("8da4w", ExportOptions())
+            (True, False)
         """
         return (self.qmode == qmode and self.verification.verified and self.asked is not None
                 and self.asked == options.variant_settings())

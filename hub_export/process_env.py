@@ -3,7 +3,7 @@
 ExecuTorch's LLM kernels library (``custom_sdpa``) finds BLAS's ``sgemm_`` in the MKL
 inside torch, and MKL starts an OpenMP team inside each thread of ExecuTorch's own pool:
 with two of each on two cores, a 60-token SmolLM2 prefill spends 48-71 ms in attention
-instead of 6-8 (``python -m benchmarks.sdpa_threads``, ``benchmarks/results/peer-notes.md``).
+instead of 6-8 (``python -m benchmarks.sdpa_threads``, ``docs/peer-notes.md``).
 ExecuTorch's pool already uses every core, so MKL gets one thread. MKL reads this once,
 when torch loads: a process that has loaded torch cannot change it, and an exporting
 process would not want to (its eager matmuls halve in speed), so it is set in fresh

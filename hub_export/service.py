@@ -12,8 +12,9 @@ The bundled Space (``space/app.py``) is a Gradio page and its sign-in over this 
   Markdown, one line per failure.
 
 Example:
-    >>> request = export_request("https://huggingface.co/HuggingFaceTB/SmolLM2-135M/tree/main", "",
-    ...                          ["8da4w"], "8w", None, 256, "", False, endpoint="https://huggingface.co")
+    >>> request = export_request("https://huggingface.co/HuggingFaceTB/SmolLM2-135M/tree/main",
+    ...                          {"qmodes": ["8da4w"], "qembedding": "8w", "max_seq_len": 256}, "", False,
+    ...                          endpoint="https://huggingface.co")
     >>> request.source, request.options.qmodes, request.repo_name
     ('HuggingFaceTB/SmolLM2-135M', ('8da4w',), 'SmolLM2-135M-ExecuTorch')
 """

@@ -1,4 +1,4 @@
-"""Hostile repos, hostile files and unlucky users (issue 17): each test replays an attack or fault.
+"""Hostile repos, hostile files and unlucky users: each test replays an attack or fault.
 
 A repo's ``manifest.json`` is written by whoever owns the repo; a ``.pte`` may come from
 anywhere. Nothing in them may touch files outside the folder they are pulled to, crash

@@ -1,4 +1,4 @@
-"""The local hub against hostile and unlucky clients (issue 17, server side).
+"""The local hub against hostile and unlucky clients (the server side).
 
 Each test replays an attack or fault from the issue: YAML bombs, oversized or anonymous
 bodies, malformed JSON of every shape, a deleted repo's gate passing on, look-alike

@@ -1,0 +1,60 @@
+"""Regenerate the generated sections of the README and docs/ (the family table, the benchmark tables).
+
+    python scripts/update_docs.py
+
+A section is marked ``<!-- NAME: ... -->`` ... ``<!-- /NAME -->`` in any of those files; its
+body comes from :data:`SECTIONS` (a ``benchmarks/results/*.md`` file) or, for ``archs-table``,
+from ``hub-export archs --markdown``. ``tests/test_docs.py`` checks that they match.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+ROOT = Path(__file__).resolve().parent.parent
+PAGES = (ROOT / "README.md", *sorted((ROOT / "docs").glob("*.md")))
+# section name -> benchmarks/results/<name>.md
+SECTIONS = {
+    "bench-real": "smollm2-135m-instruct",
+    "bench-table": "smollm2-135m-shaped",
+    "bench-recipes": "quant-recipes",
+    "bench-cluster": "cluster-speedup",
+    "bench-peer": "peer-8da4w",
+    "bench-peer-8da8w": "peer-8da8w",
+    "bench-peer-one-at-a-time": "peer-8da4w-one-at-a-time",
+    "bench-peer-qwen3": "peer-qwen3-8da4w",
+    "thread-scaling": "thread-scaling",
+    "decode-floor": "decode-floor-8da4w",
+    "decode-floor-8da8w": "decode-floor-8da8w",
+    "sdpa-threads": "sdpa-threads",
+    "bench-kv": "kv-cache",
+}
+MARK = re.compile(r"(<!-- ([a-z0-9-]+):[^\n]*-->\n)(.*?)(<!-- /\2 -->)", re.S)
+
+
+def source_of(name: str) -> str:
+    """What section ``name`` must hold."""
+    if name == "archs-table":
+        from hub_export.archs import markdown_table
+
+        return markdown_table()
+    return (ROOT / "benchmarks" / "results" / f"{SECTIONS[name]}.md").read_text()
+
+
+def sections(text: str) -> dict[str, str]:
+    """The generated sections of a page: name -> body."""
+    return {match[2]: match[3] for match in MARK.finditer(text)}
+
+
+def regenerate(text: str) -> str:
+    return MARK.sub(lambda m: m[1] + source_of(m[2]).rstrip("\n") + "\n" + m[4], text)
+
+
+def main() -> None:
+    for page in PAGES:
+        page.write_text(regenerate(page.read_text()))
+
+
+if __name__ == "__main__":
+    main()
