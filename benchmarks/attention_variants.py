@@ -64,8 +64,11 @@ def _one_delegate() -> None:
         self.layout = layout
         for i, layer in enumerate(layout.layers):
             for kind in ("k", "v"):
-                self.register_buffer(f"{kind}_{i}", torch.zeros(layout.num_kv_heads, layer.slots, 1, layout.head_dim,
-                                                                dtype=dtype), persistent=False)
+                self.register_buffer(
+                    f"{kind}_{i}",
+                    torch.zeros(layout.num_kv_heads, layer.slots, 1, layout.head_dim, dtype=dtype),
+                    persistent=False,
+                )
 
     def update(self, key_states, value_states, layer_idx, *args, **kwargs):
         return key_states, value_states  # written by attend(), after the cache was read
@@ -83,7 +86,9 @@ def _one_delegate() -> None:
         from_chunk = torch.bmm(q, k_new.transpose(1, 2))
         cache_bias = torch.where(torch.arange(length).view(1, -1) < start_pos, 0.0, float("-inf"))
         causal = torch.where(torch.arange(seq).view(1, -1) <= torch.arange(seq).view(-1, 1), 0.0, float("-inf"))
-        weights = torch.softmax(torch.cat([from_cache + cache_bias, from_chunk + causal.repeat(groups, 1)], dim=2), dim=2)
+        weights = torch.softmax(
+            torch.cat([from_cache + cache_bias, from_chunk + causal.repeat(groups, 1)], dim=2), dim=2
+        )
         out = torch.bmm(weights, torch.cat([v_cache.view(kv_heads, length, dim), v_new], dim=1))
         for kind, rows in (("k", k_new), ("v", v_new)):
             torch.ops.llama.update_cache(rows.unsqueeze(2), getattr(cache, f"{kind}_{i}"), start_pos)
@@ -119,8 +124,9 @@ def _dispatch() -> None:
             return pos
 
         def one_token(query, key, value, position):
-            return torch.ops.llama.custom_sdpa(query.transpose(1, 2), key, value, read(position), None, 0.0, True,
-                                               scaling)
+            return torch.ops.llama.custom_sdpa(
+                query.transpose(1, 2), key, value, read(position), None, 0.0, True, scaling
+            )
 
         def chunk(query, key, value, position):
             return kv_cache.masked_attention(query, key, value, read(position), scaling)
@@ -202,12 +208,20 @@ def export_peer(layers: int) -> dict:
         _model(layers).save_pretrained(source)
     out = WORK / f"peer-{layers}l"
     if (out / "model.pte").is_file():  # the same weights and flags every time: export once
-        return {"variant": "peer", "pte": str(out / "model.pte"), "export_seconds": float("nan"),
-                "max_abs_diff_vs_eager": float("nan")}
+        return {
+            "variant": "peer",
+            "pte": str(out / "model.pte"),
+            "export_seconds": float("nan"),
+            "max_abs_diff_vs_eager": float("nan"),
+        }
     started = time.perf_counter()
     subprocess.run(peer_command(source, "8da4w", out), check=True, capture_output=True)
-    return {"variant": "peer", "pte": str(out / "model.pte"), "export_seconds": round(time.perf_counter() - started, 1),
-            "max_abs_diff_vs_eager": float("nan")}
+    return {
+        "variant": "peer",
+        "pte": str(out / "model.pte"),
+        "export_seconds": round(time.perf_counter() - started, 1),
+        "max_abs_diff_vs_eager": float("nan"),
+    }
 
 
 def export_variant(variant: str, layers: int) -> dict:
@@ -224,9 +238,14 @@ def export_variant(variant: str, layers: int) -> dict:
 
     if variant == "peer":
         return export_peer(layers)
-    {"one-delegate": _one_delegate, "dispatch": _dispatch, "bshd": _bshd,
-     "stock-norm": lambda: _without("delegable_norms"), "stock-rotary": lambda: _without("delegable_rotary"),
-     "split": _split}.get(variant, lambda: None)()
+    {
+        "one-delegate": _one_delegate,
+        "dispatch": _dispatch,
+        "bshd": _bshd,
+        "stock-norm": lambda: _without("delegable_norms"),
+        "stock-rotary": lambda: _without("delegable_rotary"),
+        "split": _split,
+    }.get(variant, lambda: None)()
     config = smollm2_135m_config()
     model = _model(layers)
     quantize.quantize_model(model, "8da4w", "8w", 32)
@@ -239,13 +258,14 @@ def export_variant(variant: str, layers: int) -> dict:
     program = export_program(wrapped)
     path = WORK / f"{variant}-{layers}l.pte"
     path.parent.mkdir(parents=True, exist_ok=True)
-    metadata = runner_metadata(max_seq_len=MAX_SEQ_LEN, bos_id=1, eos_ids=[2], vocab_size=config.vocab_size,
-                               dynamic_shape=True)
+    metadata = runner_metadata(
+        max_seq_len=MAX_SEQ_LEN, bos_id=1, eos_ids=[2], vocab_size=config.vocab_size, dynamic_shape=True
+    )
     to_pte(program, metadata, path)
     seconds = time.perf_counter() - started
     pte = PteModel(path)
     exported = [pte.forward(prompt, 0), pte.forward(torch.tensor([[7]]), 20)]
-    diff = max((a.reshape(-1) - b.reshape(-1)).abs().max().item() for a, b in zip(exported, eager))
+    diff = max((a.reshape(-1) - b.reshape(-1)).abs().max().item() for a, b in zip(exported, eager, strict=False))
     return {"variant": variant, "pte": str(path), "export_seconds": round(seconds, 1), "max_abs_diff_vs_eager": diff}
 
 
@@ -261,19 +281,36 @@ def main() -> None:
         return
     records = {}
     for variant in args.variants:
-        done = subprocess.run([sys.executable, "-m", "benchmarks.attention_variants", "--export-one", variant,
-                               "--layers", str(args.layers)], capture_output=True, text=True, check=True, cwd=ROOT)
+        done = subprocess.run(
+            [
+                sys.executable,
+                "-m",
+                "benchmarks.attention_variants",
+                "--export-one",
+                variant,
+                "--layers",
+                str(args.layers),
+            ],
+            capture_output=True,
+            text=True,
+            check=True,
+            cwd=ROOT,
+        )
         records[variant] = json.loads(done.stdout.strip().splitlines()[-1])
     from benchmarks.decode_floor import measure
 
     timing = measure({name: (Path(record["pte"]), "file") for name, record in records.items()}, args.rounds)
     print(f"{args.layers} layers, SmolLM2-135M widths, 8da4w + 8-bit embeddings, {args.rounds} alternated rounds:\n")
-    print("| variant | export + lower (s) | max abs diff vs eager | prefill 60 (ms) | decode step (ms), median (range) |")
+    print(
+        "| variant | export + lower (s) | max abs diff vs eager | prefill 60 (ms) | decode step (ms), median (range) |"
+    )
     print("|---|---|---|---|---|")
     for name, record in records.items():
         t = timing[name]
-        print(f"| {name} | {record['export_seconds']:.0f} | {record['max_abs_diff_vs_eager']:.3f} | "
-              f"{t['prefill_ms']['median']:.1f} | {t['decode_ms']['median']:.2f} ({t['decode_ms']['min']:.2f}-{t['decode_ms']['max']:.2f}) |")
+        print(
+            f"| {name} | {record['export_seconds']:.0f} | {record['max_abs_diff_vs_eager']:.3f} | "
+            f"{t['prefill_ms']['median']:.1f} | {t['decode_ms']['median']:.2f} ({t['decode_ms']['min']:.2f}-{t['decode_ms']['max']:.2f}) |"
+        )
 
 
 if __name__ == "__main__":

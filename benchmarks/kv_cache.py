@@ -88,15 +88,20 @@ def exactness_past_window(model_dir: Path, pte: Path, tokens: int = MAX_SEQ_LEN)
     pte_model = PteModel(pte)
     prefill = 64
     rows = [pte_model.forward(ids[:, :prefill], start_pos=0)]
-    rows += [pte_model.forward(ids[:, p:p + 1], start_pos=p) for p in range(prefill, tokens)]
+    rows += [pte_model.forward(ids[:, p : p + 1], start_pos=p) for p in range(prefill, tokens)]
     worst, agree = 0.0, 0
     with torch.no_grad():
         for offset, row in enumerate(rows):
             expected = model.lm_head(hidden[prefill - 1 + offset])
             worst = max(worst, (row - expected).abs().max().item())
             agree += int(row.argmax() == expected.argmax())
-    return {"positions": len(rows), "first_position": prefill - 1, "last_position": tokens - 1,
-            "max_abs_logit_diff": worst, "top1_agreement": agree / len(rows)}
+    return {
+        "positions": len(rows),
+        "first_position": prefill - 1,
+        "last_position": tokens - 1,
+        "max_abs_logit_diff": worst,
+        "top1_agreement": agree / len(rows),
+    }
 
 
 def full_depth_cache_bytes() -> list[dict]:
@@ -108,8 +113,15 @@ def full_depth_cache_bytes() -> list[dict]:
     for name, config in (("Gemma 3 270M", gemma3_270m_config()), ("SmolLM2-135M", smollm2_135m_config())):
         for sliding, dtype in (("full", "fp32"), ("ring", "fp32"), ("ring", "int8")):
             layout = plan_layers(config, 8192, sliding, dtype)
-            rows.append({"model": name, "sliding": sliding, "dtype": dtype, "max_seq_len": 8192,
-                         "bytes": layout.bytes_at_full_context()})
+            rows.append(
+                {
+                    "model": name,
+                    "sliding": sliding,
+                    "dtype": dtype,
+                    "max_seq_len": 8192,
+                    "bytes": layout.bytes_at_full_context(),
+                }
+            )
     return rows
 
 
@@ -123,8 +135,9 @@ def run() -> dict:
     files = {
         ("smollm2", "kv fp32"): _export(models["smollm2"], WORK / "smollm2-fp32kv", qmodes=["8da4w"]),
         ("smollm2", "kv int8"): _export(models["smollm2"], WORK / "smollm2-int8kv", qmodes=["8da4w"], kv_cache="int8"),
-        ("gemma3", "sliding full"): _export(models["gemma3"], WORK / "gemma3-full", qmodes=["8da4w"],
-                                            sliding_cache="full"),
+        ("gemma3", "sliding full"): _export(
+            models["gemma3"], WORK / "gemma3-full", qmodes=["8da4w"], sliding_cache="full"
+        ),
         ("gemma3", "sliding ring"): _export(models["gemma3"], WORK / "gemma3-ring", qmodes=["8da4w"]),
     }
     rows = []
@@ -132,8 +145,13 @@ def run() -> dict:
         manifest = json.loads((pte.parent / "manifest.json").read_text())
         layout = manifest["variants"][0]["kv_cache"]
         memory = measure_memory(pte)
-        row = {"model": model, "cache": cache, "file_bytes": pte.stat().st_size,
-               "kv_bytes": layout["bytes_at_full_context"], "peak_rss_bytes": memory and memory["peak_rss_bytes"]}
+        row = {
+            "model": model,
+            "cache": cache,
+            "file_bytes": pte.stat().st_size,
+            "kv_bytes": layout["bytes_at_full_context"],
+            "peak_rss_bytes": memory and memory["peak_rss_bytes"],
+        }
         for context in CONTEXTS:
             speeds = decode_speed(pte, context)
             row[f"decode_{context}"] = spread(speeds)
@@ -142,8 +160,15 @@ def run() -> dict:
     ring_fp32 = _export(models["gemma3"], WORK / "gemma3-ring-fp32", qmodes=["fp32"])
     exact = exactness_past_window(models["gemma3"], ring_fp32)
     print(f"  exactness: {exact}", flush=True)
-    return {"layers": LAYERS, "max_seq_len": MAX_SEQ_LEN, "decode_steps": DECODE_STEPS, "rounds": ROUNDS,
-            "rows": rows, "exactness": exact, "full_depth": full_depth_cache_bytes()}
+    return {
+        "layers": LAYERS,
+        "max_seq_len": MAX_SEQ_LEN,
+        "decode_steps": DECODE_STEPS,
+        "rounds": ROUNDS,
+        "rows": rows,
+        "exactness": exact,
+        "full_depth": full_depth_cache_bytes(),
+    }
 
 
 def _mb(value) -> str:
@@ -163,10 +188,14 @@ def markdown(result: dict) -> str:
         "|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
-        cells = [f"{row[f'decode_{c}']['median']:.0f} ({row[f'decode_{c}']['min']:.0f}-{row[f'decode_{c}']['max']:.0f})"
-                 for c in CONTEXTS]
-        lines.append(f"| {row['model']} | {row['cache']} | {_mb(row['kv_bytes'])} | {_mb(row['peak_rss_bytes'])} | "
-                     f"{cells[0]} | {cells[1]} |")
+        cells = [
+            f"{row[f'decode_{c}']['median']:.0f} ({row[f'decode_{c}']['min']:.0f}-{row[f'decode_{c}']['max']:.0f})"
+            for c in CONTEXTS
+        ]
+        lines.append(
+            f"| {row['model']} | {row['cache']} | {_mb(row['kv_bytes'])} | {_mb(row['peak_rss_bytes'])} | "
+            f"{cells[0]} | {cells[1]} |"
+        )
     exact = result["exactness"]
     lines += [
         "",

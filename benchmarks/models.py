@@ -31,11 +31,22 @@ def gemma3_270m_config(layers: int | None = None):
 
     count = layers or 18
     return Gemma3TextConfig(
-        vocab_size=262144, hidden_size=640, intermediate_size=2048, num_hidden_layers=count,
-        num_attention_heads=4, num_key_value_heads=1, head_dim=256, sliding_window=512,
+        vocab_size=262144,
+        hidden_size=640,
+        intermediate_size=2048,
+        num_hidden_layers=count,
+        num_attention_heads=4,
+        num_key_value_heads=1,
+        head_dim=256,
+        sliding_window=512,
         layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(count)],
-        max_position_embeddings=32768, rope_theta=1_000_000.0, query_pre_attn_scalar=256,
-        bos_token_id=2, eos_token_id=1, pad_token_id=0, tie_word_embeddings=True,
+        max_position_embeddings=32768,
+        rope_theta=1_000_000.0,
+        query_pre_attn_scalar=256,
+        bos_token_id=2,
+        eos_token_id=1,
+        pad_token_id=0,
+        tie_word_embeddings=True,
     )
 
 
@@ -44,9 +55,18 @@ def qwen3_0_6b_config(layers: int | None = None):
     from transformers import Qwen3Config
 
     return Qwen3Config(
-        vocab_size=151936, hidden_size=1024, intermediate_size=3072, num_hidden_layers=layers or 28,
-        num_attention_heads=16, num_key_value_heads=8, head_dim=128, max_position_embeddings=40960,
-        rope_theta=1_000_000.0, rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=151643,
+        vocab_size=151936,
+        hidden_size=1024,
+        intermediate_size=3072,
+        num_hidden_layers=layers or 28,
+        num_attention_heads=16,
+        num_key_value_heads=8,
+        head_dim=128,
+        max_position_embeddings=40960,
+        rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6,
+        tie_word_embeddings=True,
+        bos_token_id=151643,
         eos_token_id=151645,
     )
 

@@ -58,8 +58,10 @@ def peer_venv() -> Path:
 
 
 def peer_versions() -> dict:
-    code = ("import importlib.metadata as m; import json; print(json.dumps({p: m.version(p) for p in "
-            "['optimum-executorch', 'executorch', 'torch', 'torchao', 'transformers']}))")
+    code = (
+        "import importlib.metadata as m; import json; print(json.dumps({p: m.version(p) for p in "
+        "['optimum-executorch', 'executorch', 'torch', 'torchao', 'transformers']}))"
+    )
     done = subprocess.run([str(PEER_VENV / "bin" / "python"), "-c", code], capture_output=True, text=True, check=True)
     return json.loads(done.stdout)
 
@@ -86,9 +88,27 @@ def source_folder(family: str) -> Path:
 
 def peer_command(source: Path, qmode: str, out: Path) -> list[str]:
     """optimum-executorch's export of ``source`` with the flags both tools are compared under."""
-    return [str(peer_venv()), "export", "executorch", "--model", str(source), "--task", "text-generation",
-            "--recipe", "xnnpack", "--use_custom_sdpa", "--use_custom_kv_cache", "--qlinear", qmode,
-            "--qembedding", "8w", "--max_seq_len", str(MAX_SEQ_LEN), "--output_dir", str(out)]
+    return [
+        str(peer_venv()),
+        "export",
+        "executorch",
+        "--model",
+        str(source),
+        "--task",
+        "text-generation",
+        "--recipe",
+        "xnnpack",
+        "--use_custom_sdpa",
+        "--use_custom_kv_cache",
+        "--qlinear",
+        qmode,
+        "--qembedding",
+        "8w",
+        "--max_seq_len",
+        str(MAX_SEQ_LEN),
+        "--output_dir",
+        str(out),
+    ]
 
 
 def run_name(family: str, qmode: str) -> str:
@@ -111,14 +131,31 @@ def _finish(started: tuple[subprocess.Popen, TreeMemory, float], name: str, log:
     memory.join()
     if status != 0:
         raise SystemExit(f"{name} export failed; see {log}")
-    return {"wall_seconds": round(wall, 1), "peak_rss_mb": round(usage.ru_maxrss * 1024 / 1e6, 1),
-            "peak_tree_pss_mb": round(memory.peak / 1e6, 1)}
+    return {
+        "wall_seconds": round(wall, 1),
+        "peak_rss_mb": round(usage.ru_maxrss * 1024 / 1e6, 1),
+        "peak_tree_pss_mb": round(memory.peak / 1e6, 1),
+    }
 
 
 def export_both(source: Path, qmode: str, at_once: bool, name: str) -> dict:
     ours_dir, peer_dir = WORK / f"ours-{name}", WORK / f"peer-{name}"
-    ours = [str(Path(sys.executable).parent / "hub-export"), "export", str(source), "-o", str(ours_dir), "--overwrite",
-            "--qmode", qmode, "--qembedding", "8w", "--max-seq-len", str(MAX_SEQ_LEN), "--jobs", "1"]
+    ours = [
+        str(Path(sys.executable).parent / "hub-export"),
+        "export",
+        str(source),
+        "-o",
+        str(ours_dir),
+        "--overwrite",
+        "--qmode",
+        qmode,
+        "--qembedding",
+        "8w",
+        "--max-seq-len",
+        str(MAX_SEQ_LEN),
+        "--jobs",
+        "1",
+    ]
     peer = peer_command(source, qmode, peer_dir)
     logs = {"hub-export": WORK / f"ours-{name}.log", "optimum-executorch": WORK / f"peer-{name}.log"}
     commands = {"hub-export": ours, "optimum-executorch": peer}
@@ -132,8 +169,11 @@ def export_both(source: Path, qmode: str, at_once: bool, name: str) -> dict:
     ours_pte = ours_dir / f"model-{qmode}-emb8w.pte"
     peer_pte = peer_dir / "model.pte"
     for name, pte in (("hub-export", ours_pte), ("optimum-executorch", peer_pte)):
-        results[name].update(pte=str(pte.relative_to(ROOT)), size_bytes=pte.stat().st_size,
-                             command=" ".join(commands[name][1:]).replace(str(ROOT) + "/", ""))
+        results[name].update(
+            pte=str(pte.relative_to(ROOT)),
+            size_bytes=pte.stat().st_size,
+            command=" ".join(commands[name][1:]).replace(str(ROOT) + "/", ""),
+        )
     return results
 
 
@@ -144,10 +184,13 @@ def one_round(pte: Path, tokenizer: Path, prompt: str) -> dict:
     stats = runner_generate(pte, tokenizer, prompt, NEW_TOKENS)
     prefill_ms = stats["prompt_eval_end_ms"] - stats["inference_start_ms"]
     decode_ms = stats["inference_end_ms"] - stats["first_token_ms"]
-    return {"prompt_tokens": stats["prompt_tokens"], "generated_tokens": stats["generated_tokens"],
-            "prefill": stats["prompt_tokens"] * 1000 / prefill_ms,
-            "decode": (stats["generated_tokens"] - 1) * 1000 / decode_ms,
-            "mkl_num_threads": stats.get("mkl_num_threads")}
+    return {
+        "prompt_tokens": stats["prompt_tokens"],
+        "generated_tokens": stats["generated_tokens"],
+        "prefill": stats["prompt_tokens"] * 1000 / prefill_ms,
+        "decode": (stats["generated_tokens"] - 1) * 1000 / decode_ms,
+        "mkl_num_threads": stats.get("mkl_num_threads"),
+    }
 
 
 def measure_speed(files: dict[str, Path], tokenizer: Path, rounds: int) -> dict:
@@ -161,10 +204,13 @@ def measure_speed(files: dict[str, Path], tokenizer: Path, rounds: int) -> dict:
         for name, pte in files.items():
             runs[name].append(one_round(pte, tokenizer, prompt))
     return {
-        name: {"prompt_tokens": got[0]["prompt_tokens"], "generated_tokens": got[0]["generated_tokens"],
-               "mkl_num_threads": got[0]["mkl_num_threads"],
-               "prefill_tokens_per_s": spread([r["prefill"] for r in got]),
-               "decode_tokens_per_s": spread([r["decode"] for r in got])}
+        name: {
+            "prompt_tokens": got[0]["prompt_tokens"],
+            "generated_tokens": got[0]["generated_tokens"],
+            "mkl_num_threads": got[0]["mkl_num_threads"],
+            "prefill_tokens_per_s": spread([r["prefill"] for r in got]),
+            "decode_tokens_per_s": spread([r["decode"] for r in got]),
+        }
         for name, got in runs.items()
     }
 
@@ -180,16 +226,36 @@ def markdown(result: dict) -> str:
         return f"{a / b:.2f}x"
 
     rows = [
-        ("decode tok/s, median (range)", cell(sours["decode_tokens_per_s"]), cell(speer["decode_tokens_per_s"]),
-         ratio(sours["decode_tokens_per_s"]["median"], speer["decode_tokens_per_s"]["median"])),
-        ("prefill tok/s, median (range)", cell(sours["prefill_tokens_per_s"]), cell(speer["prefill_tokens_per_s"]),
-         ratio(sours["prefill_tokens_per_s"]["median"], speer["prefill_tokens_per_s"]["median"])),
-        (f"export wall ({result['export_layout']})", f"{ours['wall_seconds']:.0f} s (verification included)",
-         f"{peer['wall_seconds']:.0f} s (no verification)", ratio(ours["wall_seconds"], peer["wall_seconds"])),
-        ("export peak RSS", f"{ours['peak_rss_mb']:.0f} MB", f"{peer['peak_rss_mb']:.0f} MB",
-         ratio(ours["peak_rss_mb"], peer["peak_rss_mb"])),
-        (".pte size", f"{ours['size_bytes'] / 1e6:.1f} MB", f"{peer['size_bytes'] / 1e6:.1f} MB",
-         ratio(ours["size_bytes"], peer["size_bytes"])),
+        (
+            "decode tok/s, median (range)",
+            cell(sours["decode_tokens_per_s"]),
+            cell(speer["decode_tokens_per_s"]),
+            ratio(sours["decode_tokens_per_s"]["median"], speer["decode_tokens_per_s"]["median"]),
+        ),
+        (
+            "prefill tok/s, median (range)",
+            cell(sours["prefill_tokens_per_s"]),
+            cell(speer["prefill_tokens_per_s"]),
+            ratio(sours["prefill_tokens_per_s"]["median"], speer["prefill_tokens_per_s"]["median"]),
+        ),
+        (
+            f"export wall ({result['export_layout']})",
+            f"{ours['wall_seconds']:.0f} s (verification included)",
+            f"{peer['wall_seconds']:.0f} s (no verification)",
+            ratio(ours["wall_seconds"], peer["wall_seconds"]),
+        ),
+        (
+            "export peak RSS",
+            f"{ours['peak_rss_mb']:.0f} MB",
+            f"{peer['peak_rss_mb']:.0f} MB",
+            ratio(ours["peak_rss_mb"], peer["peak_rss_mb"]),
+        ),
+        (
+            ".pte size",
+            f"{ours['size_bytes'] / 1e6:.1f} MB",
+            f"{peer['size_bytes'] / 1e6:.1f} MB",
+            ratio(ours["size_bytes"], peer["size_bytes"]),
+        ),
     ]
     lines = [
         f"{FAMILIES[result.get('family', 'smollm2')]}, {result['qmode']} + 8-bit embeddings, max_seq_len "
@@ -242,9 +308,9 @@ def main() -> None:
         "peer_versions": peer_versions(),
         "machine": machine_description(),
         "command": f"python -m benchmarks.peer --qmode {args.qmode}"
-                   + (f" --family {args.family}" if args.family != "smollm2" else "")
-                   + (" --one-at-a-time" if args.one_at_a_time else "")
-                   + (f" --rounds {args.rounds}" if args.rounds != 9 else ""),
+        + (f" --family {args.family}" if args.family != "smollm2" else "")
+        + (" --one-at-a-time" if args.one_at_a_time else "")
+        + (f" --rounds {args.rounds}" if args.rounds != 9 else ""),
     }
     write_results(results_name, result, markdown(result))
 

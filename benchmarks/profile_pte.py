@@ -21,6 +21,7 @@ from pathlib import Path
 
 from benchmarks.report import write_results
 
+
 def _inputs(meta, tokens: list[int], position: int):
     """The forward inputs for ``tokens`` at ``position``: (ids [1, n], positions [n] or [1])."""
     import torch
@@ -56,13 +57,15 @@ _LOADING = {"Program::load_method", "Method::init"}
 def profile(pte: Path, prompt_tokens: int, steps: int) -> dict:
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
-    import hub_export.runtime  # noqa: F401 - registers the custom and quantized kernels
+    import hub_export.runtime
 
     hub_export.runtime._load_kernels()
     module = _load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
     meta = module.method_meta("forward")
-    inputs = [f"{meta.input_tensor_meta(i).dtype()} {list(meta.input_tensor_meta(i).sizes())}"
-              for i in range(meta.num_inputs())]
+    inputs = [
+        f"{meta.input_tensor_meta(i).dtype()} {list(meta.input_tensor_meta(i).sizes())}"
+        for i in range(meta.num_inputs())
+    ]
     tokens = [(17 * i + 5) % 400 + 10 for i in range(prompt_tokens)]  # inside every vocabulary here
     module.run_method("forward", _inputs(meta, tokens, 0))
     for step in range(steps):

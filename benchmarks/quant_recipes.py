@@ -42,11 +42,17 @@ def _speeds(files: dict[str, Path], tokenizer_json: Path, prompt: str, rounds: i
             stats = runner_generate(pte, tokenizer_json, prompt, DECODE_TOKENS)
             if round_ == 0:
                 continue  # warm-up: page cache and first-run allocations
-            decode[name].append((stats["generated_tokens"] - 1) * 1000 / max(stats["inference_end_ms"] - stats["first_token_ms"], 1))
-            prefill[name].append(stats["prompt_tokens"] * 1000 / max(stats["prompt_eval_end_ms"] - stats["inference_start_ms"], 1))
+            decode[name].append(
+                (stats["generated_tokens"] - 1) * 1000 / max(stats["inference_end_ms"] - stats["first_token_ms"], 1)
+            )
+            prefill[name].append(
+                stats["prompt_tokens"] * 1000 / max(stats["prompt_eval_end_ms"] - stats["inference_start_ms"], 1)
+            )
 
-    return {name: {"decode_tokens_per_s": spread(decode[name]), "prefill_tokens_per_s": spread(prefill[name])}
-            for name in files}
+    return {
+        name: {"decode_tokens_per_s": spread(decode[name]), "prefill_tokens_per_s": spread(prefill[name])}
+        for name in files
+    }
 
 
 def main() -> None:
@@ -116,7 +122,7 @@ def main() -> None:
 
     write_results("quant-recipes", result, markdown(result))
     combined = Manifest(source={"id": "SmolLM2-135M-Instruct"}, versions={}, variants=list(rows.values()))
-    for label, variant in zip(rows, combined.variants):
+    for label, variant in zip(rows, combined.variants, strict=False):
         variant.file = f"model-{label.replace(' (', '-').replace(' scales)', '')}.pte"
     (RESULTS / "quant-recipes.png").write_bytes(frontier_png(combined))
 

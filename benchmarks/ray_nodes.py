@@ -38,8 +38,7 @@ class LocalRay:
         self.temp = tempfile.mkdtemp(prefix="rt", dir="/tmp")  # Ray's socket paths must stay short
         token = Path(self.temp) / "auth_token"
         token.write_text(secrets.token_hex(32))
-        self.env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token),
-                    "RAY_USAGE_STATS_ENABLED": "0"}
+        self.env = {**env, "RAY_AUTH_MODE": "token", "RAY_AUTH_TOKEN_PATH": str(token), "RAY_USAGE_STATS_ENABLED": "0"}
         self.address = f"127.0.0.1:{free_port()}"
         self.nodes: list[subprocess.Popen] = []
 
@@ -49,8 +48,15 @@ class LocalRay:
         if self.nodes:
             command = [str(RAY), "start", f"--address={self.address}", *common]
         else:
-            command = [str(RAY), "start", "--head", f"--port={self.address.rsplit(':', 1)[1]}",
-                       "--include-dashboard=false", f"--temp-dir={self.temp}", *common]
+            command = [
+                str(RAY),
+                "start",
+                "--head",
+                f"--port={self.address.rsplit(':', 1)[1]}",
+                "--include-dashboard=false",
+                f"--temp-dir={self.temp}",
+                *common,
+            ]
         node = subprocess.Popen(command, env=self.env, stdout=subprocess.DEVNULL, stderr=subprocess.STDOUT)
         self.nodes.append(node)
         deadline = time.monotonic() + seconds
@@ -60,8 +66,10 @@ class LocalRay:
             time.sleep(1)
 
     def alive_nodes(self) -> int:
-        code = (f"import ray; ray.init(address={self.address!r}, log_to_driver=False); "
-                "print(sum(n['Alive'] for n in ray.nodes()))")
+        code = (
+            f"import ray; ray.init(address={self.address!r}, log_to_driver=False); "
+            "print(sum(n['Alive'] for n in ray.nodes()))"
+        )
         done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, timeout=60, env=self.env)
         return int(done.stdout.split()[-1]) if done.returncode == 0 and done.stdout.strip() else 0
 
@@ -76,7 +84,7 @@ class LocalRay:
         self.nodes.clear()
         shutil.rmtree(self.temp, ignore_errors=True)
 
-    def __enter__(self) -> "LocalRay":
+    def __enter__(self) -> LocalRay:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -11,8 +11,11 @@ RESULTS = Path(__file__).resolve().parent / "results"
 
 def spread(values: list[float], digits: int = 1) -> dict:
     """Median, min and max of repeated measurements, rounded to ``digits`` decimals."""
-    return {"median": round(statistics.median(values), digits), "min": round(min(values), digits),
-            "max": round(max(values), digits)}
+    return {
+        "median": round(statistics.median(values), digits),
+        "min": round(min(values), digits),
+        "max": round(max(values), digits),
+    }
 
 
 def write_results(name: str, result: dict, markdown: str | None = None) -> None:

@@ -37,8 +37,10 @@ SETTINGS: dict[str, tuple[dict[str, str], str]] = {
     "torch.set_num_threads(1)": ({}, "torch.set_num_threads(1)"),
     "MKL_NUM_THREADS=1 after torch loads": ({}, "os.environ['MKL_NUM_THREADS'] = '1'"),
     "ExecuTorch's own sgemm_ (its kernels library made global first)": (
-        {}, "import ctypes, executorch; ctypes.CDLL(os.path.join(executorch.__path__[0], 'lib', "
-            "'libexecutorch_kernels_optimized.so'), mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)"),
+        {},
+        "import ctypes, executorch; ctypes.CDLL(os.path.join(executorch.__path__[0], 'lib', "
+        "'libexecutorch_kernels_optimized.so'), mode=os.RTLD_GLOBAL | os.RTLD_NOLOAD)",
+    ),
 }
 
 _ROUND = """
@@ -91,14 +93,19 @@ def build_program(path: Path = PROGRAM) -> Path:
                 keys, values = getattr(self, f"k{layer}"), getattr(self, f"v{layer}")
                 torch.ops.llama.update_cache(key, keys, start)
                 torch.ops.llama.update_cache(value, values, start)
-                query = torch.ops.llama.custom_sdpa(query, keys, values, start, None, 0.0, True, HEAD_DIM ** -0.5)
+                query = torch.ops.llama.custom_sdpa(query, keys, values, start, None, 0.0, True, HEAD_DIM**-0.5)
             return query
 
     seq = torch.export.Dim("seq", min=1, max=SLOTS - 1)
-    example = (torch.randn(1, 2, HEADS, HEAD_DIM), torch.randn(1, 2, KV_HEADS, HEAD_DIM),
-               torch.randn(1, 2, KV_HEADS, HEAD_DIM), torch.arange(2))
-    program = torch.export.export(Attention(), example, dynamic_shapes=({1: seq}, {1: seq}, {1: seq}, {0: seq}),
-                                  strict=True)
+    example = (
+        torch.randn(1, 2, HEADS, HEAD_DIM),
+        torch.randn(1, 2, KV_HEADS, HEAD_DIM),
+        torch.randn(1, 2, KV_HEADS, HEAD_DIM),
+        torch.arange(2),
+    )
+    program = torch.export.export(
+        Attention(), example, dynamic_shapes=({1: seq}, {1: seq}, {1: seq}, {0: seq}), strict=True
+    )
     path.parent.mkdir(parents=True, exist_ok=True)
     lower.to_pte(program, {}, path)
     return path
@@ -108,8 +115,14 @@ def one_round(pte: Path, setting: str) -> dict:
     added, setup = SETTINGS[setting]
     code = _ROUND.format(setup=setup, heads=HEADS, kv=KV_HEADS, dim=HEAD_DIM, prompt=PROMPT)
     env = {key: value for key, value in os.environ.items() if key not in ("MKL_NUM_THREADS", "OMP_NUM_THREADS")}
-    done = subprocess.run([sys.executable, "-c", code, str(pte)], capture_output=True, text=True, check=True,
-                          env={**env, **added}, cwd=ROOT)
+    done = subprocess.run(
+        [sys.executable, "-c", code, str(pte)],
+        capture_output=True,
+        text=True,
+        check=True,
+        env={**env, **added},
+        cwd=ROOT,
+    )
     return json.loads(done.stdout.strip().splitlines()[-1])
 
 
@@ -125,8 +138,10 @@ def markdown(result: dict) -> str:
     ]
     for setting, figures in result["timing"].items():
         prefill, decode = figures["prefill_ms"], figures["decode_ms"]
-        lines.append(f"| {setting} | {prefill['median']:.1f} ({prefill['min']:.1f}-{prefill['max']:.1f}) | "
-                     f"{decode['median']:.2f} ({decode['min']:.2f}-{decode['max']:.2f}) |")
+        lines.append(
+            f"| {setting} | {prefill['median']:.1f} ({prefill['min']:.1f}-{prefill['max']:.1f}) | "
+            f"{decode['median']:.2f} ({decode['min']:.2f}-{decode['max']:.2f}) |"
+        )
     return "\n".join(lines) + "\n"
 
 
@@ -144,9 +159,13 @@ def main() -> None:
             runs[setting].append(one_round(pte, setting))
     result = {
         "rounds": args.rounds,
-        "timing": {setting: {"prefill_ms": spread([r["prefill_ms"] for r in got], digits=2),
-                             "decode_ms": spread([r["decode_ms"] for r in got], digits=3)}
-                   for setting, got in runs.items()},
+        "timing": {
+            setting: {
+                "prefill_ms": spread([r["prefill_ms"] for r in got], digits=2),
+                "decode_ms": spread([r["decode_ms"] for r in got], digits=3),
+            }
+            for setting, got in runs.items()
+        },
         "machine": machine_description(),
         "command": "python -m benchmarks.sdpa_threads" + (f" --rounds {args.rounds}" if args.rounds != 3 else ""),
     }

@@ -32,7 +32,7 @@ VOCAB, HIDDEN, REPEATS = 49152, 576, 10
 def _register_eager_and_fake() -> None:
     # ExecuTorch declares the functional op (for its quant-fusion patterns) without an
     # implementation; export needs a fake one and the accuracy check an eager one.
-    import executorch.exir.passes._quant_patterns_and_replacements  # noqa: F401
+    import executorch.exir.passes._quant_patterns_and_replacements
     import executorch.kernels.quantized  # noqa: F401  (the .out kernel, ahead of time)
 
     def eager(input, weight, scales, zero_points=None, dtype=None):
@@ -89,7 +89,9 @@ def two_file_layout(scratch: Path) -> None:
     torch.manual_seed(0)
     model = LlamaForCausalLM(config).eval()
     quantize.quantize_model(model, "8da8w", "8w", 32, share_embeddings=True)
-    metadata = lower.runner_metadata(max_seq_len=64, bos_id=1, eos_ids=[2], vocab_size=config.vocab_size, dynamic_shape=True)
+    metadata = lower.runner_metadata(
+        max_seq_len=64, bos_id=1, eos_ids=[2], vocab_size=config.vocab_size, dynamic_shape=True
+    )
 
     single = scratch / "single.pte"
     lower.to_pte(export_program(ExportableDecoder(model, 64)), metadata, single)
@@ -108,7 +110,8 @@ def two_file_layout(scratch: Path) -> None:
     for args in ((str(single), str(tokenizer)), (str(pte), str(tokenizer), str(ptd))):
         pieces: list[str] = []
         TextLLMRunner(*args).generate(
-            "Once upon a time", GenerationConfig(max_new_tokens=8, temperature=0.0, echo=False),
+            "Once upon a time",
+            GenerationConfig(max_new_tokens=8, temperature=0.0, echo=False),
             token_callback=pieces.append,
         )
         texts.append("".join(pieces))

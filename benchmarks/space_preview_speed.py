@@ -51,10 +51,10 @@ def main() -> None:
 
     import gradio_client
 
-    from hub_export.pull import list_variants, pull
-    from hub_export.push import push
     from hub_export.generate import generate
     from hub_export.localhub import add_user, serve_in_thread
+    from hub_export.pull import list_variants, pull
+    from hub_export.push import push
     from hub_export.quiet import quiet_libraries
 
     quiet_libraries()
@@ -63,20 +63,21 @@ def main() -> None:
     repo = "alice/speed-ExecuTorch"
     push(from_dir=args.folder, repo_id=repo, token=token, endpoint=hub.endpoint)
     local = pull(repo, args.variant, output_dir=work / "pulled", endpoint=hub.endpoint, token=token)
-    pte = local / next(v.file for v in list_variants(repo, hub.endpoint, token).variants
-                       if v.qmode == args.variant)
+    pte = local / next(v.file for v in list_variants(repo, hub.endpoint, token).variants if v.qmode == args.variant)
 
     space = _space_app()
-    settings = space.Settings(endpoint=hub.endpoint, auth=space.AuthPolicy(False, False, "benchmark"),
-                              work_root=work / "jobs")
+    settings = space.Settings(
+        endpoint=hub.endpoint, auth=space.AuthPolicy(False, False, "benchmark"), work_root=work / "jobs"
+    )
     blocks = space.build_app(settings)
     blocks.launch(prevent_thread_lock=True, quiet=True, server_name="127.0.0.1", **space.LAUNCH_OPTIONS)
     client = gradio_client.Client(blocks.local_url, verbose=False)
     decode = {"space": [], "library": []}
     try:
         for round_ in range(args.rounds + 1):
-            _, stats = client.predict(repo, args.variant, PROMPT, args.tokens, False, "", 0.0, 1.0, 0, 1.0, 0, token,
-                                      api_name="/preview")
+            _, stats = client.predict(
+                repo, args.variant, PROMPT, args.tokens, False, "", 0.0, 1.0, 0, 1.0, 0, token, api_name="/preview"
+            )
             space_rate = float(re.search(r"decode \*\*([\d.]+) tok/s", stats)[1])
             library = generate(pte, local, PROMPT, max_new_tokens=args.tokens, chat=False)
             if round_:  # the first of each is a warm-up
@@ -87,12 +88,19 @@ def main() -> None:
         hub.stop()
 
     summary = {name: spread(v) for name, v in decode.items()}
-    result = {"file": pte.name, "rounds": args.rounds, "new_tokens": args.tokens, "decode_tokens_per_s": summary,
-              "space_vs_library": round(summary["space"]["median"] / summary["library"]["median"], 3)}
-    text = (f"Space preview vs `generate` on `{pte.name}` ({args.tokens} new tokens, greedy, {args.rounds} rounds each, "
-            f"alternated): decode {summary['space']['median']:.0f} tok/s ({summary['space']['min']:.0f}-"
-            f"{summary['space']['max']:.0f}) against {summary['library']['median']:.0f} ({summary['library']['min']:.0f}-"
-            f"{summary['library']['max']:.0f}): {result['space_vs_library']:.2f}x.\n")
+    result = {
+        "file": pte.name,
+        "rounds": args.rounds,
+        "new_tokens": args.tokens,
+        "decode_tokens_per_s": summary,
+        "space_vs_library": round(summary["space"]["median"] / summary["library"]["median"], 3),
+    }
+    text = (
+        f"Space preview vs `generate` on `{pte.name}` ({args.tokens} new tokens, greedy, {args.rounds} rounds each, "
+        f"alternated): decode {summary['space']['median']:.0f} tok/s ({summary['space']['min']:.0f}-"
+        f"{summary['space']['max']:.0f}) against {summary['library']['median']:.0f} ({summary['library']['min']:.0f}-"
+        f"{summary['library']['max']:.0f}): {result['space_vs_library']:.2f}x.\n"
+    )
     write_results("space-preview-speed", result, text)
 
 

@@ -41,7 +41,8 @@ def markdown(result: dict) -> str:
         f"Decode step in ms, median (range) of {result['rounds']} fresh processes per cell, alternated; "
         f"{result['machine']}; `{result['command']}`:",
         "",
-        "| file | " + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads)
+        "| file | "
+        + " | ".join(f"{t} thread{'s' if t > 1 else ''}" for t in threads)
         + f" | {threads[-1]} vs {threads[0]} |",
         "|---|" + "---|" * (len(threads) + 1),
     ]

@@ -19,20 +19,19 @@ and ``hub-export --help`` stay fast.
 
 from __future__ import annotations
 
-from .errors import ExportError, HubError, HubExportError, InputError, InternalError, SourceError, VerificationError
-
 # Verbs live in modules of the same name (mlx-lm style). Binding the functions here,
 # after their modules are imported, keeps `hub_export.export` the function even once
 # `hub_export.export` the module is loaded. These modules import torch lazily.
 from .archs import FAMILIES
 from .card import render_card
-from .export import export, read_manifest
-from .options import ExportOptions
-from .progress import ProgressEvent
 from .embed import EmbedResult, embed
+from .errors import ExportError, HubError, HubExportError, InputError, InternalError, SourceError, VerificationError
+from .export import export, read_manifest
 from .generate import GenerationResponse, GenerationResult, Sampling, generate, stream_generate
 from .manifest import Manifest, Variant
+from .options import ExportOptions
 from .process_env import prepare_pte_process
+from .progress import ProgressEvent
 from .pull import list_variants, pull
 from .push import push
 from .quantize import QMODES

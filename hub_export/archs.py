@@ -6,8 +6,9 @@ the three never disagree.
 
 from __future__ import annotations
 
+from collections.abc import Mapping
 from dataclasses import dataclass
-from typing import Any, Mapping
+from typing import Any
 
 from .errors import InputError, opt
 
@@ -25,13 +26,37 @@ class Family:
 
 
 FAMILIES: tuple[Family, ...] = (
-    Family("Llama 2/3.x, SmolLM2", ("llama",), "static", "verified", "tied or untied embeddings; llama3/linear/yarn rope scaling"),
+    Family(
+        "Llama 2/3.x, SmolLM2",
+        ("llama",),
+        "static",
+        "verified",
+        "tied or untied embeddings; llama3/linear/yarn rope scaling",
+    ),
     Family("Qwen2 / Qwen2.5", ("qwen2",), "static", "verified", "q/k/v biases; tied embeddings (small sizes)"),
     Family("Qwen3", ("qwen3",), "static", "verified", "QK-norm; head_dim independent of hidden size"),
     Family("Mistral", ("mistral",), "static + ring (window)", "verified", "sliding window exact past the window"),
-    Family("Phi-3 / Phi-4-mini", ("phi3",), "static", "verified", "fused qkv/gate-up; partial rotary; longrope only up to its original context"),
-    Family("Gemma 2", ("gemma2",), "static + ring (window)", "verified", "attention/final logit soft-capping; alternating sliding layers"),
-    Family("Gemma 3 (text)", ("gemma3_text",), "static + ring (window)", "verified", "QK-norm; sliding layers with local rope"),
+    Family(
+        "Phi-3 / Phi-4-mini",
+        ("phi3",),
+        "static",
+        "verified",
+        "fused qkv/gate-up; partial rotary; longrope only up to its original context",
+    ),
+    Family(
+        "Gemma 2",
+        ("gemma2",),
+        "static + ring (window)",
+        "verified",
+        "attention/final logit soft-capping; alternating sliding layers",
+    ),
+    Family(
+        "Gemma 3 (text)",
+        ("gemma3_text",),
+        "static + ring (window)",
+        "verified",
+        "QK-norm; sliding layers with local rope",
+    ),
     Family("SmolLM3", ("smollm3",), "static", "verified", "NoPE layers"),
     Family("OLMo 2", ("olmo2",), "static", "verified", "QK-norm over the full projection"),
     Family("Granite", ("granite",), "static", "verified", "embedding/residual/attention/logit multipliers"),
@@ -39,10 +64,22 @@ FAMILIES: tuple[Family, ...] = (
     Family("Starcoder2", ("starcoder2",), "static + ring (window)", "verified", "biases; LayerNorm; GELU MLP"),
     Family("GPT-2", ("gpt2",), "static", "verified", "learned absolute positions; Conv1D projections"),
     Family("GPT-NeoX / Pythia", ("gpt_neox",), "static", "verified", "parallel residual; partial rotary"),
-    Family("BERT, MiniLM", ("bert",), "none", "verified", "mean/CLS/max pooling, normalised as configured",
-           "feature-extraction"),
-    Family("RoBERTa / XLM-R", ("roberta", "xlm-roberta"), "none", "verified", "position ids offset by padding",
-           "feature-extraction"),
+    Family(
+        "BERT, MiniLM",
+        ("bert",),
+        "none",
+        "verified",
+        "mean/CLS/max pooling, normalised as configured",
+        "feature-extraction",
+    ),
+    Family(
+        "RoBERTa / XLM-R",
+        ("roberta", "xlm-roberta"),
+        "none",
+        "verified",
+        "position ids offset by padding",
+        "feature-extraction",
+    ),
     Family("DistilBERT", ("distilbert",), "none", "verified", "no token types", "feature-extraction"),
     Family("MPNet", ("mpnet",), "none", "verified", "relative position bias", "feature-extraction"),
 )
@@ -110,13 +147,19 @@ def check_config(config, max_seq_len: int, options=None, task: str = "text-gener
 def check_attention_sink(config) -> None:
     """Refuse an attention sink where wrapping positions inside the cache cannot work."""
     if config.model_type in LEARNED_POSITIONS:
-        raise InputError(f"{opt('attention_sink')} wraps rope positions, and {config.model_type} has learned "
-                         "absolute positions instead of rope; export it without the sink", param="attention_sink")
+        raise InputError(
+            f"{opt('attention_sink')} wraps rope positions, and {config.model_type} has learned "
+            "absolute positions instead of rope; export it without the sink",
+            param="attention_sink",
+        )
     for rope in _rope_parameters(config):
         kind = rope.get("rope_type") or rope.get("type") or "default"
         if kind in LENGTH_DEPENDENT_ROPE:
-            raise InputError(f"{opt('attention_sink')} cannot work with {kind} rope, whose frequencies change with "
-                             "the sequence length; export it without the sink", param="attention_sink")
+            raise InputError(
+                f"{opt('attention_sink')} cannot work with {kind} rope, whose frequencies change with "
+                "the sequence length; export it without the sink",
+                param="attention_sink",
+            )
 
 
 LEARNED_POSITIONS = {"gpt2"}  # absolute position embeddings: no rope to wrap

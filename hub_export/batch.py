@@ -25,20 +25,19 @@ from __future__ import annotations
 import threading
 import time
 import typing
+from collections.abc import Callable
 from concurrent.futures import ThreadPoolExecutor
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from .bug_log import as_bug, shown_path
-from .errors import HubExportError, InputError
-from .options import ExportOptions, option_fields
-from .hub import check_repo_id
-from .redact import Redactor
 from .engines import LocalEngine
-from .hub import resolve_endpoint
-from .hub import resolve_token
+from .errors import HubExportError, InputError
+from .hub import check_repo_id, resolve_endpoint, resolve_token
+from .options import ExportOptions, option_fields
 from .push import push
+from .redact import Redactor
 
 if TYPE_CHECKING:
     from .engines import Engine
@@ -47,11 +46,29 @@ if TYPE_CHECKING:
 MAX_PLAN_BYTES = 1 << 20
 MAX_JOBS = 500
 JOB_KEYS = ("source", "repo", "private")
-STATES = ("queued", "checking", "preparing", "building", "verifying", "pushing", "pushed", "up to date", "failed", "cancelled")
+STATES = (
+    "queued",
+    "checking",
+    "preparing",
+    "building",
+    "verifying",
+    "pushing",
+    "pushed",
+    "up to date",
+    "failed",
+    "cancelled",
+)
 _STAGE_STATES = {
-    "check": "checking", "resolve": "preparing", "load": "preparing", "reference": "preparing",
-    "calibrate": "preparing", "quantize": "building", "export": "building", "lower": "building",
-    "verify": "verifying", "upload": "pushing",
+    "check": "checking",
+    "resolve": "preparing",
+    "load": "preparing",
+    "reference": "preparing",
+    "calibrate": "preparing",
+    "quantize": "building",
+    "export": "building",
+    "lower": "building",
+    "verify": "verifying",
+    "upload": "pushing",
 }
 
 
@@ -97,8 +114,10 @@ def _type_name(kind: type) -> str:
 def _options(values: dict, where: str, allowed: dict[str, Any]) -> dict[str, Any]:
     unknown = sorted(set(values) - set(allowed))
     if unknown:
-        raise InputError(f"{where}: unknown key {unknown[0]!r}; the options are {', '.join(allowed)}",
-                         hint="keys are the export options' names, e.g. qmodes, max_seq_len, qembedding")
+        raise InputError(
+            f"{where}: unknown key {unknown[0]!r}; the options are {', '.join(allowed)}",
+            hint="keys are the export options' names, e.g. qmodes, max_seq_len, qembedding",
+        )
     return {key: _typed(value, allowed[key], where, key) for key, value in values.items()}
 
 
@@ -143,8 +162,10 @@ def parse_plan(text: str, name: str = "plan") -> list[PlanJob]:
         except InputError as error:
             raise InputError(f"{where}: {error.reason}", hint=error.hint) from None
         if repo_id in seen:
-            raise InputError(f"{where} pushes to {repo_id} like job {seen[repo_id]}; one job per repo "
-                             "(list every variant in one job's qmodes)")
+            raise InputError(
+                f"{where} pushes to {repo_id} like job {seen[repo_id]}; one job per repo "
+                "(list every variant in one job's qmodes)"
+            )
         seen[repo_id] = number
         jobs.append(PlanJob(entry["source"].strip(), repo_id, options, private))
     return jobs
@@ -178,10 +199,11 @@ def fp32_weight_bytes(job: PlanJob, token: str | None = None, endpoint: str | No
             return _local_safetensors_parameters(source) * 4 or None
         from huggingface_hub import get_safetensors_metadata
 
-        metadata = get_safetensors_metadata(job.source, revision=job.options.revision, token=token or False,
-                                            endpoint=resolve_endpoint(endpoint))
+        metadata = get_safetensors_metadata(
+            job.source, revision=job.options.revision, token=token or False, endpoint=resolve_endpoint(endpoint)
+        )
         return sum(metadata.parameter_count.values()) * 4
-    except Exception:  # noqa: BLE001 - an estimate; the export itself reports what is wrong
+    except Exception:
         return None
 
 
@@ -217,7 +239,7 @@ class JobState:
     detail: str = ""
     started: float | None = None
     ended: float | None = None
-    result: "PushResult | None" = None
+    result: PushResult | None = None
     error: str | None = None
     retries: int = 0
     log_file: str | None = None  # the traceback of a bug in hub-export that failed this job
@@ -249,7 +271,7 @@ class _Batch:
             self.on_change(self.states)
 
 
-def _run_job(batch: _Batch, state: JobState, engine: "Engine", token: str | None, endpoint: str | None) -> None:
+def _run_job(batch: _Batch, state: JobState, engine: Engine, token: str | None, endpoint: str | None) -> None:
 
     if batch.cancelled.is_set():
         batch.update(state, state="cancelled")
@@ -267,27 +289,45 @@ def _run_job(batch: _Batch, state: JobState, engine: "Engine", token: str | None
 
     job = state.job
     try:
-        result = push(job.source, job.repo_id, job.options, private=job.private, token=token, endpoint=endpoint,
-                      progress=progress, engine=engine)
+        result = push(
+            job.source,
+            job.repo_id,
+            job.options,
+            private=job.private,
+            token=token,
+            endpoint=endpoint,
+            progress=progress,
+            engine=engine,
+        )
     except KeyboardInterrupt:
         batch.update(state, state="cancelled", ended=time.monotonic(), detail="cancelled")
         raise
     except HubExportError as error:
-        batch.update(state, state="failed", ended=time.monotonic(), error=batch.redactor(str(error)),
-                     log_file=getattr(error, "log_file", None))
+        batch.update(
+            state,
+            state="failed",
+            ended=time.monotonic(),
+            error=batch.redactor(str(error)),
+            log_file=getattr(error, "log_file", None),
+        )
         return
-    except Exception as error:  # noqa: BLE001 - one job's bug must not stop the others
+    except Exception as error:
         bug = as_bug(error, f"pushing {job.repo_id}", batch.redactor)
         batch.update(state, state="failed", ended=time.monotonic(), error=str(bug), log_file=bug.log_file)
         return
-    batch.update(state, state="pushed" if result.pushed else "up to date", ended=time.monotonic(), result=result,
-                 detail=batch.redactor(result.summary))
+    batch.update(
+        state,
+        state="pushed" if result.pushed else "up to date",
+        ended=time.monotonic(),
+        result=result,
+        detail=batch.redactor(result.summary),
+    )
 
 
 def run_batch(
     jobs: list[PlanJob],
     *,
-    engine: "Engine | None" = None,
+    engine: Engine | None = None,
     token: str | None = None,
     endpoint: str | None = None,
     on_change: Callable[[list[JobState]], None] | None = None,
@@ -343,7 +383,9 @@ def _cancel_rest(batch: _Batch) -> None:
 
 def summary(states: list[JobState]) -> str:
     """One line: how many repos were pushed, already up to date, failed."""
-    counts = {name: sum(1 for s in states if s.state == name) for name in ("pushed", "up to date", "failed", "cancelled")}
+    counts = {
+        name: sum(1 for s in states if s.state == name) for name in ("pushed", "up to date", "failed", "cancelled")
+    }
     parts = [f"{count} {name}" for name, count in counts.items() if count]
     retried = sum(s.retries for s in states)
     if retried:

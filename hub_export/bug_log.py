@@ -19,8 +19,8 @@ from __future__ import annotations
 import os
 import time
 import traceback
+from collections.abc import Callable
 from pathlib import Path
-from typing import Callable
 
 from .errors import InternalError, first_line
 from .redact import Redactor
@@ -59,5 +59,6 @@ def as_bug(error: BaseException, doing: str, redact: Callable[[str], str] = Reda
     """An :class:`InternalError` for ``error``, a bug met while ``doing``; its traceback is saved first."""
     path = save_traceback(error, doing, redact)
     reason = f"hub-export failed while {doing} ({type(error).__name__}: {redact(first_line(error))[:200]})"
-    return InternalError(reason, hint=f"this is a bug in hub-export; please report it with {shown_path(path)}",
-                         log_file=str(path))
+    return InternalError(
+        reason, hint=f"this is a bug in hub-export; please report it with {shown_path(path)}", log_file=str(path)
+    )

@@ -10,16 +10,18 @@ from __future__ import annotations
 import contextlib
 import copy
 import time
+from collections.abc import Callable
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from . import embeddings, quantize, source as source_stage, tasks
+from . import embeddings, quantize, tasks
+from . import source as source_stage
 from .errors import VerificationError
-from .manifest import Variant, Verification, sha256_file
-from .options import variant_filename
 from .kv_cache import plan_layers
 from .lower import is_dynamic, runner_metadata, to_pte
+from .manifest import Variant, Verification, sha256_file
+from .options import variant_filename
 from .patches import release_memory
 from .runtime import MemoryProbe
 from .verify import expected_logits, verify
@@ -29,7 +31,6 @@ if TYPE_CHECKING:
     import torch
 
     from .calibrate import MixedPlan
-
     from .options import ExportOptions
     from .verify import Reference
 
@@ -68,12 +69,13 @@ def load_model(path: Path, trust_remote_code: bool, task: tasks.Task = tasks.TEX
     import transformers
 
     auto_class = getattr(transformers, task.auto_class)
-    model = auto_class.from_pretrained(path, dtype=torch.float32, trust_remote_code=trust_remote_code,
-                                       low_cpu_mem_usage=True)
+    model = auto_class.from_pretrained(
+        path, dtype=torch.float32, trust_remote_code=trust_remote_code, low_cpu_mem_usage=True
+    )
     return model.eval()
 
 
-def weight_sharing_copy(model: "torch.nn.Module") -> "torch.nn.Module":
+def weight_sharing_copy(model: torch.nn.Module) -> torch.nn.Module:
     """A copy of ``model`` whose modules are new but whose parameters are shared.
 
     Quantization *replaces* parameters on the copy's modules (it never writes into
@@ -84,7 +86,7 @@ def weight_sharing_copy(model: "torch.nn.Module") -> "torch.nn.Module":
     return copy.deepcopy(model, memo)
 
 
-def shared_fraction(model: "torch.nn.Module", original: "torch.nn.Module") -> float:
+def shared_fraction(model: torch.nn.Module, original: torch.nn.Module) -> float:
     """Share of ``original``'s parameter bytes that ``model`` still uses."""
     ours = {id(p) for p in model.parameters()}
     sizes = [(p.numel() * p.element_size(), id(p) in ours) for p in original.parameters()]
@@ -92,7 +94,7 @@ def shared_fraction(model: "torch.nn.Module", original: "torch.nn.Module") -> fl
     return sum(size for size, shared in sizes if shared) / total
 
 
-def detach_from(model: "torch.nn.Module", original: "torch.nn.Module") -> None:
+def detach_from(model: torch.nn.Module, original: torch.nn.Module) -> None:
     """Give ``model`` its own copy of every parameter it still shares with ``original``."""
     import torch
 
@@ -107,14 +109,14 @@ def detach_from(model: "torch.nn.Module", original: "torch.nn.Module") -> None:
 class RunState:
     """State shared by the variants of one export run."""
 
-    model: "torch.nn.Module | None"
+    model: torch.nn.Module | None
     src: source_stage.Source
-    options: "ExportOptions"
+    options: ExportOptions
     max_seq_len: int
     workdir: Path
-    reference: "Reference | None"
+    reference: Reference | None
     say: Say
-    mixed_plan: "MixedPlan | None" = None  # the calibrated int8 layers of the mixed qmode, measured once per run
+    mixed_plan: MixedPlan | None = None  # the calibrated int8 layers of the mixed qmode, measured once per run
     variants: list[Variant] = field(default_factory=list)
 
     @property
@@ -146,8 +148,13 @@ def _build_embedding_variant(run: RunState, qmode: str, last: bool) -> Variant:
     pooling = embeddings.Pooling.of_folder(run.src.path)
     reference = run.reference
     model, fallback, expected = _quantized_copy(
-        run, qmode, name, None, last,
-        lambda quantized: embeddings.eager_vectors(embeddings.SentenceEmbedder(quantized, pooling), reference.inputs))
+        run,
+        qmode,
+        name,
+        None,
+        last,
+        lambda quantized: embeddings.eager_vectors(embeddings.SentenceEmbedder(quantized, pooling), reference.inputs),
+    )
     embedder = embeddings.SentenceEmbedder(model, pooling).eval()
     run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len})", "export", name)
     program = embeddings.export_embedder(embedder, run.max_seq_len)
@@ -159,8 +166,12 @@ def _build_embedding_variant(run: RunState, qmode: str, last: bool) -> Variant:
     run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)", "lower", name)
     path = run.workdir / name
     partitions = iter(range(1, 1 << 30))
-    to_pte(program, metadata, path,
-           on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name))
+    to_pte(
+        program,
+        metadata,
+        path,
+        on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name),
+    )
     del program
     seconds = time.perf_counter() - started
     verification = Verification.skipped_record()
@@ -170,10 +181,19 @@ def _build_embedding_variant(run: RunState, qmode: str, last: bool) -> Variant:
         if not verification.passed:
             raise VerificationError(f"{name} failed verification: {verification.failure}")
     return Variant(
-        file=name, qmode=qmode, qembedding=opts.qembedding, group_size=opts.group_size if mode.grouped else None,
-        max_seq_len=run.max_seq_len, size_bytes=path.stat().st_size, sha256=sha256_file(path), metadata=metadata,
-        verification=verification, export_seconds=round(seconds, 2), per_channel_fallback=fallback,
-        recipe=_recipe_record(mode, opts, None), asked=opts.variant_settings(),
+        file=name,
+        qmode=qmode,
+        qembedding=opts.qembedding,
+        group_size=opts.group_size if mode.grouped else None,
+        max_seq_len=run.max_seq_len,
+        size_bytes=path.stat().st_size,
+        sha256=sha256_file(path),
+        metadata=metadata,
+        verification=verification,
+        export_seconds=round(seconds, 2),
+        per_channel_fallback=fallback,
+        recipe=_recipe_record(mode, opts, None),
+        asked=opts.variant_settings(),
     )
 
 
@@ -183,8 +203,9 @@ def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
     mode = quantize.QMODES[qmode]
     started = time.perf_counter()
     plan = run.mixed_plan if mode.calibrated else None
-    model, fallback, expected = _quantized_copy(run, qmode, name, plan, last,
-                                                lambda quantized: expected_logits(quantized, run.reference))
+    model, fallback, expected = _quantized_copy(
+        run, qmode, name, plan, last, lambda quantized: expected_logits(quantized, run.reference)
+    )
     release_memory()
     path, metadata, layout = _lower(run, model, name)
     del model
@@ -196,27 +217,39 @@ def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
     verification, runtime_memory = Verification.skipped_record(), None
     if expected is not None:
         run.say(f"[{name}] verifying against eager and in TextLLMRunner", "verify", name)
-        verification = verify(path, expected, run.reference, run.src.path / "tokenizer.json",
-                              judge_kind(mode.tolerance, opts.kv_cache))
+        verification = verify(
+            path, expected, run.reference, run.src.path / "tokenizer.json", judge_kind(mode.tolerance, opts.kv_cache)
+        )
         if not verification.passed:
             raise VerificationError(f"{name} failed verification: {verification.failure}")
         run.say(f"[{name}] measuring memory at full context ({run.max_seq_len} positions)", "note", name)
         runtime_memory = probe.measure(path, extra_tokens=8 if layout.unbounded else 0)
     data_path = path.with_suffix(".ptd") if opts.share_embeddings else None
     return Variant(
-        file=name, qmode=qmode, qembedding=opts.qembedding, group_size=opts.group_size if mode.grouped else None,
-        max_seq_len=run.max_seq_len, size_bytes=path.stat().st_size, sha256=sha256_file(path), metadata=metadata,
-        verification=verification, export_seconds=round(seconds, 2), per_channel_fallback=fallback,
+        file=name,
+        qmode=qmode,
+        qembedding=opts.qembedding,
+        group_size=opts.group_size if mode.grouped else None,
+        max_seq_len=run.max_seq_len,
+        size_bytes=path.stat().st_size,
+        sha256=sha256_file(path),
+        metadata=metadata,
+        verification=verification,
+        export_seconds=round(seconds, 2),
+        per_channel_fallback=fallback,
         data_file=data_path.name if data_path else None,
         data_size_bytes=data_path.stat().st_size if data_path else None,
         data_sha256=sha256_file(data_path) if data_path else None,
-        recipe=_recipe_record(mode, opts, plan), kv_cache={**layout.to_dict(), "sliding": opts.sliding_cache},
-        runtime_memory=runtime_memory, asked=opts.variant_settings(),
+        recipe=_recipe_record(mode, opts, plan),
+        kv_cache={**layout.to_dict(), "sliding": opts.sliding_cache},
+        runtime_memory=runtime_memory,
+        asked=opts.variant_settings(),
     )
 
 
-def _quantized_copy(run: RunState, qmode: str, name: str, plan: "MixedPlan | None", last: bool,
-                    expect: Callable[["torch.nn.Module"], Any]):
+def _quantized_copy(
+    run: RunState, qmode: str, name: str, plan: MixedPlan | None, last: bool, expect: Callable[[torch.nn.Module], Any]
+):
     """(a quantized copy of ``run``'s model, the layers that fell back to per-channel int8, what the ``.pte`` must
     reproduce: the copy's logits on the verification sequences, or None without verification)."""
     opts = run.options
@@ -238,8 +271,9 @@ def _quantized_copy(run: RunState, qmode: str, name: str, plan: "MixedPlan | Non
 def _lower(run: RunState, model, name: str):
     """Export ``model`` with its KV cache and lower it to ``name`` in the staging folder: (path, metadata, layout)."""
     opts = run.options
-    run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})", "export",
-            name)
+    run.say(
+        f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})", "export", name
+    )
     layout = plan_layers(_text_config(model.config), run.max_seq_len, opts.sliding_cache, opts.kv_cache, opts.sink())
     program = export_program(ExportableDecoder(model, run.max_seq_len, layout))
     bos, eos = token_ids(model)
@@ -255,8 +289,13 @@ def _lower(run: RunState, model, name: str):
     path = run.workdir / name
     data_path = path.with_suffix(".ptd") if opts.share_embeddings else None
     partitions = iter(range(1, 1 << 30))
-    to_pte(program, metadata, path, data_path,
-           on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name))
+    to_pte(
+        program,
+        metadata,
+        path,
+        data_path,
+        on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name),
+    )
     return path, metadata, layout
 
 
@@ -269,7 +308,7 @@ def judge_kind(kind: str, kv_cache: str) -> str:
     return "dynamic" if kv_cache == "int8" else kind
 
 
-def _recipe_record(mode: quantize.QMode, options: "ExportOptions", plan: "MixedPlan | None") -> dict | None:
+def _recipe_record(mode: quantize.QMode, options: ExportOptions, plan: MixedPlan | None) -> dict | None:
     """What the manifest says about how the variant was quantized beyond its qmode."""
     record: dict = {}
     if mode.weight_bits == 4:

@@ -18,10 +18,11 @@ from __future__ import annotations
 import copy
 import math
 import time
+from collections.abc import Callable
 from dataclasses import asdict, dataclass, field
 from importlib import resources
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from . import quantize
 
@@ -50,21 +51,30 @@ class MixedPlan:
     calibrated: bool = True
 
     @classmethod
-    def from_dict(cls, data: Any) -> "MixedPlan | None":
+    def from_dict(cls, data: Any) -> MixedPlan | None:
         """A plan read back from a (schema-checked) manifest; figures of the wrong type are dropped."""
         if not isinstance(data, dict):
             return None
 
         def number(key: str, kind: type) -> Any:
             value = data.get(key)
-            return value if isinstance(value, (int, float)) and not isinstance(value, bool) and kind(value) == value \
+            return (
+                value
+                if isinstance(value, (int, float)) and not isinstance(value, bool) and kind(value) == value
                 else None
+            )
 
-        return cls(eight_bit=list(data.get("eight_bit") or []), linears=number("linears", int) or 0,
-                   budget=str(data.get("budget") or ""), size_ratio=number("size_ratio", float),
-                   ppl_ratio=number("ppl_ratio", float), text=str(data.get("text") or CALIBRATION_TEXT),
-                   tokens=number("tokens", int) or 0, seconds=number("seconds", float) or 0.0,
-                   calibrated=data.get("calibrated") is not False)
+        return cls(
+            eight_bit=list(data.get("eight_bit") or []),
+            linears=number("linears", int) or 0,
+            budget=str(data.get("budget") or ""),
+            size_ratio=number("size_ratio", float),
+            ppl_ratio=number("ppl_ratio", float),
+            text=str(data.get("text") or CALIBRATION_TEXT),
+            tokens=number("tokens", int) or 0,
+            seconds=number("seconds", float) or 0.0,
+            calibrated=data.get("calibrated") is not False,
+        )
 
     def to_dict(self) -> dict[str, Any]:
         data = asdict(self)
@@ -78,24 +88,27 @@ class MixedPlan:
         if not self.calibrated:
             return "no calibration (--no-calibration): every linear int4"
         kept = ", ".join(_short(name) for name in self.eight_bit[:4]) + (", ..." if len(self.eight_bit) > 4 else "")
-        return (f"{len(self.eight_bit)} of {self.linears} linears int8 ({kept or 'none'}), the most sensitive per "
-                f"byte on {self.tokens} tokens of {self.text}; budget {self.budget}")
+        return (
+            f"{len(self.eight_bit)} of {self.linears} linears int8 ({kept or 'none'}), the most sensitive per "
+            f"byte on {self.tokens} tokens of {self.text}; budget {self.budget}"
+        )
 
 
 def _short(name: str) -> str:
     return name.removeprefix("model.").replace("layers.", "L").replace("self_attn.", "").replace("mlp.", "")
 
 
-def budget_label(options: "ExportOptions") -> str:
+def budget_label(options: ExportOptions) -> str:
     """The budget a mixed variant was planned under, as its manifest records it."""
     cap = options.size_budget
     if options.max_ppl_ratio is None:
         return f"size {cap:.2f}x 8da4w"
     return f"perplexity {options.max_ppl_ratio:.2f}x fp32 on the calibration text" + (
-        f", size at most {cap:.2f}x 8da4w" if cap is not None else "")
+        f", size at most {cap:.2f}x 8da4w" if cap is not None else ""
+    )
 
 
-def calibration_ids(tokenizer_json: Path, tokens: int) -> "torch.Tensor":
+def calibration_ids(tokenizer_json: Path, tokens: int) -> torch.Tensor:
     import torch
     from tokenizers import Tokenizer
 
@@ -104,15 +117,18 @@ def calibration_ids(tokenizer_json: Path, tokens: int) -> "torch.Tensor":
     return torch.tensor([ids])
 
 
-def _linears(model: "torch.nn.Module", group_size: int) -> dict[str, "torch.nn.Module"]:
+def _linears(model: torch.nn.Module, group_size: int) -> dict[str, torch.nn.Module]:
     """The linears a mixed variant quantizes int4 (those a group divides; others fall back to int8 anyway)."""
     import torch
 
-    return {name: module for name, module in model.named_modules()
-            if isinstance(module, torch.nn.Linear) and module.in_features % group_size == 0}
+    return {
+        name: module
+        for name, module in model.named_modules()
+        if isinstance(module, torch.nn.Linear) and module.in_features % group_size == 0
+    }
 
 
-def _rounded_weight(linear: "torch.nn.Module", bits: int, group_size: int, scales: str) -> "torch.Tensor":
+def _rounded_weight(linear: torch.nn.Module, bits: int, group_size: int, scales: str) -> torch.Tensor:
     """``linear``'s weight as the variant stores it (int4 grouped or int8 per channel), back in float."""
     from torchao.quantization import quantize_
 
@@ -125,46 +141,47 @@ def _rounded_weight(linear: "torch.nn.Module", bits: int, group_size: int, scale
 class _Swapper:
     """Puts rounded weights into a model's linears and takes them out again (tied heads included)."""
 
-    def __init__(self, linears: dict[str, "torch.nn.Module"]):
+    def __init__(self, linears: dict[str, torch.nn.Module]):
         self.linears = linears
         self.original = {name: module.weight for name, module in linears.items()}
 
-    def set(self, weights: dict[str, "torch.Tensor"]) -> None:
+    def set(self, weights: dict[str, torch.Tensor]) -> None:
         import torch
 
         for name, module in self.linears.items():
             # A new Parameter, not a write into the old one: a tied head shares it with the embedding.
-            module.weight = torch.nn.Parameter(weights[name], requires_grad=False) if name in weights \
-                else self.original[name]
+            module.weight = (
+                torch.nn.Parameter(weights[name], requires_grad=False) if name in weights else self.original[name]
+            )
 
     def restore(self) -> None:
         self.set({})
 
 
-def _logprobs(model: "torch.nn.Module", ids: "torch.Tensor") -> "torch.Tensor":
+def _logprobs(model: torch.nn.Module, ids: torch.Tensor) -> torch.Tensor:
     import torch
 
     with torch.no_grad():
         return torch.log_softmax(model(ids).logits[0].float(), -1)
 
 
-def _kl(reference: "torch.Tensor", logprobs: "torch.Tensor") -> float:
+def _kl(reference: torch.Tensor, logprobs: torch.Tensor) -> float:
     return float((reference.exp() * (reference - logprobs)).sum(-1).mean())
 
 
-def _perplexity(logprobs: "torch.Tensor", ids: "torch.Tensor") -> float:
+def _perplexity(logprobs: torch.Tensor, ids: torch.Tensor) -> float:
     targets = ids[0, 1:].view(-1, 1)
     return math.exp(-float(logprobs[:-1].gather(-1, targets).mean()))
 
 
-def _bytes(linear: "torch.nn.Module", bits: int, group_size: int) -> float:
+def _bytes(linear: torch.nn.Module, bits: int, group_size: int) -> float:
     rows, cols = linear.out_features, linear.in_features
     if bits == 4:
         return rows * cols / 2 + rows * (cols / group_size) * SCALE_BYTES
     return rows * cols + rows * 4
 
 
-def plain_size(model: "torch.nn.Module", linears: dict[str, "torch.nn.Module"], options: "ExportOptions") -> float:
+def plain_size(model: torch.nn.Module, linears: dict[str, torch.nn.Module], options: ExportOptions) -> float:
     """Estimated bytes of the plain 8da4w file: int4 linears, the embedding as ``--qembedding`` stores it, float rest."""
     import torch
 
@@ -182,8 +199,13 @@ def plain_size(model: "torch.nn.Module", linears: dict[str, "torch.nn.Module"], 
     return total
 
 
-def plan_mixed(model: "torch.nn.Module", tokenizer_json: Path, options: "ExportOptions",
-               say: Callable[[str], None] = lambda message: None, tokens: int = CALIBRATION_TOKENS) -> MixedPlan:
+def plan_mixed(
+    model: torch.nn.Module,
+    tokenizer_json: Path,
+    options: ExportOptions,
+    say: Callable[[str], None] = lambda message: None,
+    tokens: int = CALIBRATION_TOKENS,
+) -> MixedPlan:
     """Measure every linear's sensitivity on the calibration text and choose the int8 ones within the budget.
 
     ``model`` is the fp32 model; it is left as it was found.
@@ -195,28 +217,17 @@ def plan_mixed(model: "torch.nn.Module", tokenizer_json: Path, options: "ExportO
     linears = _linears(model, options.group_size)
     swapper = _Swapper(linears)
     reference = _logprobs(model, ids)
-    int4 = {name: _rounded_weight(module, 4, options.group_size, options.int4_scales)
-            for name, module in linears.items()}
-    rounded: dict[int, dict] = {4: int4}
-    sensitivity = {}
+    rounded: dict[int, dict] = {4: _rounded_weights(linears, 4, options)}
+    int4 = rounded[4]
     try:
-        for index, name in enumerate(linears):
-            if index % 25 == 0:
-                say(f"calibrating: layer {index + 1} of {len(linears)} ({_short(name)})")
-            swapper.set({name: int4[name]})
-            sensitivity[name] = _kl(reference, _logprobs(model, ids))
-        swapper.restore()
-        extra = {name: _bytes(m, 8, options.group_size) - _bytes(m, 4, options.group_size)
-                 for name, m in linears.items()}
-        order = sorted(linears, key=lambda name: -sensitivity[name] / extra[name])
+        sensitivity = _sensitivities(model, ids, reference, int4, swapper, say)
+        extra = {
+            name: _bytes(m, 8, options.group_size) - _bytes(m, 4, options.group_size) for name, m in linears.items()
+        }
         plain = plain_size(model, linears, options)
-        cap = options.size_budget
-        room = (cap - 1.0) * plain if cap is not None else math.inf
-        fitting, used = [], 0.0
-        for name in order:
-            if used + extra[name] <= room:
-                fitting.append(name)
-                used += extra[name]
+        fitting = _within_size(
+            sorted(linears, key=lambda name: -sensitivity[name] / extra[name]), extra, plain, options
+        )
         budget = budget_label(options)
         fp32_perplexity = _perplexity(reference, ids)  # the fp32 pass above: not run again per plan tried
 
@@ -230,18 +241,53 @@ def plan_mixed(model: "torch.nn.Module", tokenizer_json: Path, options: "ExportO
         if options.max_ppl_ratio is None:
             chosen = fitting
         else:
-            rounded[8] = {name: _rounded_weight(m, 8, options.group_size, options.int4_scales)
-                          for name, m in linears.items()}
+            rounded[8] = _rounded_weights(linears, 8, options)
             chosen = _fewest_for_perplexity(ratio_of, fitting, options.max_ppl_ratio)
-        rounded.setdefault(8, {name: _rounded_weight(linears[name], 8, options.group_size, options.int4_scales)
-                               for name in chosen})
+        rounded.setdefault(8, _rounded_weights({name: linears[name] for name in chosen}, 8, options))
         ppl_ratio = ratio_of(set(chosen))
     finally:
         swapper.restore()
     added = sum(extra[name] for name in chosen)
-    return MixedPlan(eight_bit=sorted(chosen, key=list(linears).index), linears=len(linears), budget=budget,
-                     size_ratio=1.0 + added / plain, ppl_ratio=ppl_ratio, tokens=int(ids.shape[1]),
-                     seconds=time.perf_counter() - started)
+    return MixedPlan(
+        eight_bit=sorted(chosen, key=list(linears).index),
+        linears=len(linears),
+        budget=budget,
+        size_ratio=1.0 + added / plain,
+        ppl_ratio=ppl_ratio,
+        tokens=int(ids.shape[1]),
+        seconds=time.perf_counter() - started,
+    )
+
+
+def _rounded_weights(linears: dict, bits: int, options: ExportOptions) -> dict:
+    """Each of ``linears``' weights as a ``bits``-bit variant stores it, back in float, by name."""
+    return {
+        name: _rounded_weight(module, bits, options.group_size, options.int4_scales) for name, module in linears.items()
+    }
+
+
+def _sensitivities(model, ids, reference, int4: dict, swapper: _Swapper, say: Callable[[str], None]) -> dict:
+    """Each linear's KL divergence from fp32 on the calibration ids when it alone is rounded to int4."""
+    sensitivity = {}
+    for index, name in enumerate(int4):
+        if index % 25 == 0:
+            say(f"calibrating: layer {index + 1} of {len(int4)} ({_short(name)})")
+        swapper.set({name: int4[name]})
+        sensitivity[name] = _kl(reference, _logprobs(model, ids))
+    swapper.restore()
+    return sensitivity
+
+
+def _within_size(order: list[str], extra: dict[str, int], plain: int, options: ExportOptions) -> list[str]:
+    """The linears kept int8, most damage avoided per added byte first, while the file stays within the size cap."""
+    cap = options.size_budget
+    room = (cap - 1.0) * plain if cap is not None else math.inf
+    fitting, used = [], 0.0
+    for name in order:
+        if used + extra[name] <= room:
+            fitting.append(name)
+            used += extra[name]
+    return fitting
 
 
 def _fewest_for_perplexity(ratio_of: Callable[[set[str]], float], order: list[str], target: float) -> list[str]:

@@ -14,17 +14,18 @@ from __future__ import annotations
 import json
 import re
 import shlex
+from collections.abc import Mapping
 from pathlib import Path
-from typing import Any, Mapping
+from typing import Any
 
 import yaml
 
 from . import quantize
-from .errors import InputError, opt
-from .manifest import Manifest, Quality, Variant, Verification
-from .tasks import TASKS, TEXT_GENERATION, Task
 from .archs import attention_window
 from .calibrate import MixedPlan
+from .errors import InputError, opt
+from .manifest import Manifest, Quality, Variant
+from .tasks import TASKS, TEXT_GENERATION, Task
 
 CARD_NAME = "README.md"
 # The source card's keys a quantized copy must keep: its terms of use and its languages.
@@ -105,12 +106,17 @@ def declared_source(
     if license is not None:
         value = license.strip().lower()
         if not LICENSE_ID.fullmatch(value):
-            raise InputError(f"{opt('license')} {license!r} is not a Hub license id; use one like apache-2.0, mit or other", param="license")
+            raise InputError(
+                f"{opt('license')} {license!r} is not a Hub license id; use one like apache-2.0, mit or other",
+                param="license",
+            )
         declared["license"] = value
     if model_name is not None:
         name = " ".join(model_name.split())
         if not name or len(name) > 96:
-            raise InputError(f"{opt('model_name')} must be a name of 1 to 96 characters on one line", param="model_name")
+            raise InputError(
+                f"{opt('model_name')} must be a name of 1 to 96 characters on one line", param="model_name"
+            )
         declared["model_name"] = name
     return declared
 
@@ -125,7 +131,10 @@ def _checked_base_model(repo_id: str) -> str:
     except HFValidationError:
         valid = False
     if not valid:
-        raise InputError(f"{opt('base_model')} {repo_id!r} is not a Hub model id; use ORG/NAME, e.g. HuggingFaceTB/SmolLM2-135M", param="base_model")
+        raise InputError(
+            f"{opt('base_model')} {repo_id!r} is not a Hub model id; use ORG/NAME, e.g. HuggingFaceTB/SmolLM2-135M",
+            param="base_model",
+        )
     return repo_id
 
 
@@ -293,7 +302,7 @@ def memory_facts(variant: Variant) -> dict[str, str]:
     """
     cache = variant.kv_cache or {}
     sink = cache.get("attention_sink")
-    context = (f"unbounded (sink {sink[0]} + window {sink[1]})" if sink else f"{variant.max_seq_len} tokens")
+    context = f"unbounded (sink {sink[0]} + window {sink[1]})" if sink else f"{variant.max_seq_len} tokens"
     if "bytes_at_full_context" not in cache:
         return {"context": context, "kv_cache": "n/a", "memory": "n/a"}
     kv = f"{cache.get('dtype', 'fp32')}, {human_size(cache['bytes_at_full_context'])}"
@@ -301,8 +310,11 @@ def memory_facts(variant: Variant) -> dict[str, str]:
         kv += f" ({cache['ring_layers']} of {cache.get('layers', '?')} layers ring)"
     measured = (variant.runtime_memory or {}).get("peak_rss_bytes")
     estimate = variant.total_bytes + cache["bytes_at_full_context"]
-    return {"context": context, "kv_cache": kv,
-            "memory": human_size(measured) if measured else f"~{human_size(estimate)} (weights + cache)"}
+    return {
+        "context": context,
+        "kv_cache": kv,
+        "memory": human_size(measured) if measured else f"~{human_size(estimate)} (weights + cache)",
+    }
 
 
 FRONTIER_PLOT = "frontier.png"
@@ -331,8 +343,13 @@ def frontier_png(manifest: Manifest) -> bytes | None:
     axes = figure.subplots()
     axes.scatter([size for _, size, _ in points], [ratio for *_, ratio in points], color="#d9480f")
     for file, size, ratio in points:
-        axes.annotate(file.removeprefix("model-").removesuffix(".pte"), (size, ratio), textcoords="offset points",
-                      xytext=(5, 4), fontsize=8)
+        axes.annotate(
+            file.removeprefix("model-").removesuffix(".pte"),
+            (size, ratio),
+            textcoords="offset points",
+            xytext=(5, 4),
+            fontsize=8,
+        )
     axes.axhline(1.0, color="#868e96", linewidth=0.8, linestyle="--")
     axes.set_xlabel("download size (MB)")
     axes.set_ylabel("perplexity / fp32's (lower is better)")

@@ -3,15 +3,16 @@
 from __future__ import annotations
 
 import functools
-import json
 import inspect
+import json
 import os
 import sys
 import time
 import typing
+from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any, Callable, List, Optional
+from typing import Any
 
 import typer
 from rich.console import Console
@@ -23,15 +24,17 @@ from .batch import fp32_weight_bytes, read_plan, run_batch, summary
 from .bug_log import as_bug
 from .card import human_size, remember_source_card, variant_facts, write_card
 from .embed import embed as embed_texts
-from .engines import engine as make_engine, variant_memory
+from .engines import engine as make_engine
+from .engines import variant_memory
 from .errors import HubExportError, InputError, InternalError
 from .export import export as run_export
-from .generate import Sampling, generate as run_generate
+from .generate import Sampling
+from .generate import generate as run_generate
 from .manifest import Manifest
-from .pull import list_variants, pull
-from .push import push
 from .options import ExportOptions, option_fields
 from .process_env import prepare_pte_process
+from .pull import list_variants, pull
+from .push import push
 from .quiet import quiet_libraries, quiet_torch
 from .redact import Redactor
 
@@ -72,15 +75,16 @@ def _cli_type(spec) -> Any:
     """The type typer shows for an option field: repeated options are lists, optional ones Optional."""
     hint = typing.get_type_hints(ExportOptions)[spec.name]
     if typing.get_origin(hint) is tuple:
-        return List[typing.get_args(hint)[0]]
+        return list[typing.get_args(hint)[0]]
     return hint
 
 
 def _cli_option(spec) -> Any:
     default = list(spec.default) if isinstance(spec.default, tuple) else spec.default
     # Without declared flags typer names the option itself, and a boolean gets its --no- twin.
-    return typer.Option(default, *spec.metadata["flags"], help=spec.metadata["help"],
-                        show_default=spec.metadata["show_default"])
+    return typer.Option(
+        default, *spec.metadata["flags"], help=spec.metadata["help"], show_default=spec.metadata["show_default"]
+    )
 
 
 def with_export_options(command: str, after: str):
@@ -94,8 +98,9 @@ def with_export_options(command: str, after: str):
         own = [p for p in inspect.signature(function).parameters.values() if p.name != "options"]
         specs = list(option_fields(command))
         added = [
-            inspect.Parameter(spec.name, inspect.Parameter.KEYWORD_ONLY, default=_cli_option(spec),
-                              annotation=_cli_type(spec))
+            inspect.Parameter(
+                spec.name, inspect.Parameter.KEYWORD_ONLY, default=_cli_option(spec), annotation=_cli_type(spec)
+            )
             for spec in specs
         ]
         cut = next(index for index, p in enumerate(own) if p.name == after) + 1
@@ -121,7 +126,7 @@ RAY_ADDRESS_HELP = "Ray cluster to run on (host:6379, ray://host:10001, auto); i
 RETRIES_HELP = "How many times a variant whose worker died (killed, out of memory, node lost) is built again."
 
 
-def _engine(ray: bool, ray_address: Optional[str], retries: int):
+def _engine(ray: bool, ray_address: str | None, retries: int):
     return make_engine(ray, ray_address, retries)
 
 
@@ -136,12 +141,16 @@ def _engine(ray: bool, ray_address: Optional[str], retries: int):
 @with_export_options("export", after="output")
 def export(
     source: str = typer.Argument(..., help="Hub repo id (org/name) or a local model folder."),
-    output: Path = typer.Option(..., "-o", "--output", help="Folder to write the .pte files, tokenizer and manifest to."),
-    token: Optional[str] = typer.Option(None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False),
-    endpoint: Optional[str] = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)."),
+    output: Path = typer.Option(
+        ..., "-o", "--output", help="Folder to write the .pte files, tokenizer and manifest to."
+    ),
+    token: str | None = typer.Option(
+        None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False
+    ),
+    endpoint: str | None = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)."),
     overwrite: bool = typer.Option(False, help="Replace a non-empty output folder."),
     ray: bool = typer.Option(False, "--ray", help=RAY_HELP),
-    ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
+    ray_address: str | None = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
     retries: int = typer.Option(2, help=RETRIES_HELP),
     options: ExportOptions = None,
 ):
@@ -149,13 +158,14 @@ def export(
     quiet_torch()
     started = time.perf_counter()
     with _engine(ray, ray_address, retries) as engine, _stages(f"exporting {source}") as say:
-        manifest = run_export(source, output, options, token=token, endpoint=endpoint, overwrite=overwrite,
-                              progress=say, engine=engine)
+        manifest = run_export(
+            source, output, options, token=token, endpoint=endpoint, overwrite=overwrite, progress=say, engine=engine
+        )
     out.print(variants_table(manifest))
     out.print(f"Wrote {len(manifest.variants)} variant(s) to {output}/ in {time.perf_counter() - started:.0f} s")
 
 
-def _resolve_pte(target: Path, variant: Optional[str]) -> tuple[Path, Path]:
+def _resolve_pte(target: Path, variant: str | None) -> tuple[Path, Path]:
     """(pte file, tokenizer folder) for a .pte path or an export folder."""
     if target.is_file():
         return target, target.parent
@@ -166,7 +176,7 @@ def _resolve_pte(target: Path, variant: Optional[str]) -> tuple[Path, Path]:
     raise InputError(f"{target} is not a .pte file or an export folder")
 
 
-def _locate_pte(target: str, variant: Optional[str], endpoint: Optional[str], token: Optional[str]) -> tuple[Path, Path]:
+def _locate_pte(target: str, variant: str | None, endpoint: str | None, token: str | None) -> tuple[Path, Path]:
     """(pte file, tokenizer folder) for a .pte, an export folder, or a Hub repo (pulled first)."""
     path = Path(target)
     if path.exists():
@@ -179,22 +189,30 @@ def _locate_pte(target: str, variant: Optional[str], endpoint: Optional[str], to
 )
 def generate(
     target: str = typer.Argument(..., help="A .pte file, an export folder, or a Hub repo made by hub-export."),
-    prompt: str = typer.Option(..., "--prompt", "-p", help="Your message (with --chat) or the text to continue (--no-chat)."),
-    tokenizer: Optional[Path] = typer.Option(None, help="Folder with tokenizer.json (default: next to the .pte)."),
-    variant: Optional[str] = typer.Option(None, help="Variant (qmode or file name) in a folder or repo."),
+    prompt: str = typer.Option(
+        ..., "--prompt", "-p", help="Your message (with --chat) or the text to continue (--no-chat)."
+    ),
+    tokenizer: Path | None = typer.Option(None, help="Folder with tokenizer.json (default: next to the .pte)."),
+    variant: str | None = typer.Option(None, help="Variant (qmode or file name) in a folder or repo."),
     max_new_tokens: int = typer.Option(64, help="Tokens to generate at most."),
-    chat: Optional[bool] = typer.Option(
-        None, "--chat/--no-chat", help="Send the prompt through the model's chat template (default: when it has one).",
+    chat: bool | None = typer.Option(
+        None,
+        "--chat/--no-chat",
+        help="Send the prompt through the model's chat template (default: when it has one).",
         show_default=False,
     ),
-    system: Optional[str] = typer.Option(None, help="System message for the chat template."),
+    system: str | None = typer.Option(None, help="System message for the chat template."),
     temperature: float = typer.Option(0.0, help="Sampling temperature; 0 is greedy (the default)."),
-    top_p: float = typer.Option(1.0, "--top-p", help="Nucleus sampling: keep the smallest set of tokens with this mass."),
+    top_p: float = typer.Option(
+        1.0, "--top-p", help="Nucleus sampling: keep the smallest set of tokens with this mass."
+    ),
     top_k: int = typer.Option(0, "--top-k", help="Sample among the k likeliest tokens; 0 is off."),
     repetition_penalty: float = typer.Option(1.0, help="Above 1 discourages repeating tokens (1.1-1.3 is typical)."),
     seed: int = typer.Option(0, help="Sampling seed."),
-    endpoint: Optional[str] = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT)."),
-    token: Optional[str] = typer.Option(None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False),
+    endpoint: str | None = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT)."),
+    token: str | None = typer.Option(
+        None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False
+    ),
 ):
     """Stream text from an exported model and report prefill/decode tokens/s."""
     prepare_pte_process()
@@ -222,13 +240,17 @@ def generate(
     epilog='Example:\n\n  hub-export embed out/ "A cat sat on the mat." "A kitten sat on the rug." "Stocks fell."'
 )
 def embed(
-    target: str = typer.Argument(..., help="A sentence-embedding .pte, its export folder, or a Hub repo made by hub-export."),
-    texts: List[str] = typer.Argument(..., help="The texts to embed (quote each one)."),
-    variant: Optional[str] = typer.Option(None, help="Variant (qmode or file name) in a folder or repo."),
+    target: str = typer.Argument(
+        ..., help="A sentence-embedding .pte, its export folder, or a Hub repo made by hub-export."
+    ),
+    texts: list[str] = typer.Argument(..., help="The texts to embed (quote each one)."),
+    variant: str | None = typer.Option(None, help="Variant (qmode or file name) in a folder or repo."),
     as_json: bool = typer.Option(False, "--json", help="Print the vectors as a JSON list of lists, one per text."),
-    tokenizer: Optional[Path] = typer.Option(None, help="Folder with tokenizer.json (default: next to the .pte)."),
-    endpoint: Optional[str] = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT)."),
-    token: Optional[str] = typer.Option(None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False),
+    tokenizer: Path | None = typer.Option(None, help="Folder with tokenizer.json (default: next to the .pte)."),
+    endpoint: str | None = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT)."),
+    token: str | None = typer.Option(
+        None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False
+    ),
 ):
     """Embed texts with a sentence-embedding file and print their pairwise cosine similarities."""
     prepare_pte_process()
@@ -244,7 +266,9 @@ def embed(
         table.add_column(str(index + 1), justify="right")
     for index, text in enumerate(texts):
         shown = text if len(text) <= 48 else text[:45] + "..."
-        table.add_row(f"{index + 1}. {escape(shown)}", *[f"{value:.3f}" for value in result.similarities[index].tolist()])
+        table.add_row(
+            f"{index + 1}. {escape(shown)}", *[f"{value:.3f}" for value in result.similarities[index].tolist()]
+        )
     out.print(table)
     err.print(f"[dim]{len(texts)} texts, {sum(result.tokens)} tokens, {result.texts_per_s:.1f} texts/s[/dim]")
 
@@ -289,22 +313,26 @@ def _files_table(result) -> Table:
 )
 @with_export_options("push", after="output")
 def push_command(
-    source: Optional[str] = typer.Argument(None, help="Hub repo id or local model folder to export (omit with --from)."),
-    repo_id: Optional[str] = typer.Argument(None, help="Target repo (default: YOU/SOURCE-NAME-ExecuTorch)."),
-    from_dir: Optional[Path] = typer.Option(None, "--from", help="Push this export folder instead of exporting."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Keep the export in this folder (default: a temp folder)."),
-    branch: Optional[str] = typer.Option(None, help="Target branch to push to (created from main if missing)."),
+    source: str | None = typer.Argument(None, help="Hub repo id or local model folder to export (omit with --from)."),
+    repo_id: str | None = typer.Argument(None, help="Target repo (default: YOU/SOURCE-NAME-ExecuTorch)."),
+    from_dir: Path | None = typer.Option(None, "--from", help="Push this export folder instead of exporting."),
+    output: Path | None = typer.Option(
+        None, "-o", "--output", help="Keep the export in this folder (default: a temp folder)."
+    ),
+    branch: str | None = typer.Option(None, help="Target branch to push to (created from main if missing)."),
     private: bool = typer.Option(False, help="Create the repo private (new repos only)."),
     create_pr: bool = typer.Option(False, help="Open a pull request instead of committing to the branch."),
     dry_run: bool = typer.Option(False, help="Show the files that would be uploaded; create and upload nothing."),
     exist_ok: bool = typer.Option(False, help="Allow pushing into an existing repo not made by hub-export."),
-    template: Optional[Path] = typer.Option(None, help="Jinja2 template for the model card body."),
-    source_card: Optional[Path] = typer.Option(None, help="README.md of the source (license/language to inherit)."),
-    force: bool = typer.Option(False, "--force", help="Rebuild even if the repo holds these variants built the same way."),
-    endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
-    token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    template: Path | None = typer.Option(None, help="Jinja2 template for the model card body."),
+    source_card: Path | None = typer.Option(None, help="README.md of the source (license/language to inherit)."),
+    force: bool = typer.Option(
+        False, "--force", help="Rebuild even if the repo holds these variants built the same way."
+    ),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
     ray: bool = typer.Option(False, "--ray", help=RAY_HELP),
-    ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
+    ray_address: str | None = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
     retries: int = typer.Option(2, help=RETRIES_HELP),
     options: ExportOptions = None,
 ):
@@ -313,12 +341,28 @@ def push_command(
         source, repo_id = None, source  # `push --from DIR REPO_ID`
     if source is not None:
         quiet_torch()
-    with _engine(ray and source is not None, ray_address if source is not None else None, retries) as engine, \
-            _stages(f"pushing {source or from_dir}") as say:
+    with (
+        _engine(ray and source is not None, ray_address if source is not None else None, retries) as engine,
+        _stages(f"pushing {source or from_dir}") as say,
+    ):
         result = push(
-            source, repo_id, options, from_dir=from_dir, output_dir=output, branch=branch, private=private,
-            create_pr=create_pr, dry_run=dry_run, exist_ok=exist_ok, template=template, source_card=source_card,
-            force=force, token=token, endpoint=endpoint, progress=say, engine=engine,
+            source,
+            repo_id,
+            options,
+            from_dir=from_dir,
+            output_dir=output,
+            branch=branch,
+            private=private,
+            create_pr=create_pr,
+            dry_run=dry_run,
+            exist_ok=exist_ok,
+            template=template,
+            source_card=source_card,
+            force=force,
+            token=token,
+            endpoint=endpoint,
+            progress=say,
+            engine=engine,
         )
     if dry_run:
         out.print(_files_table(result))
@@ -332,30 +376,43 @@ def push_command(
 def _jobs_table(states) -> Table:
     table = Table(title="batch")
     for column in ("repo", "variants", "state", "time", "detail"):
-        table.add_column(column, justify="right" if column == "time" else "left", no_wrap=True,
-                         overflow="ellipsis", ratio=3 if column == "detail" else None)
+        table.add_column(
+            column,
+            justify="right" if column == "time" else "left",
+            no_wrap=True,
+            overflow="ellipsis",
+            ratio=3 if column == "detail" else None,
+        )
     colours = {"pushed": "green", "up to date": "green", "failed": "red", "cancelled": "yellow"}
     for state in states:
         colour = colours.get(state.state, "cyan")
         detail = state.error or state.detail
         if state.result is not None and state.result.commit_oid:
             detail = f"commit {state.result.commit_oid[:10]}"
-        table.add_row(escape(state.job.repo_id), ", ".join(state.job.options.qmodes),
-                      f"[{colour}]{state.state}[/{colour}]", f"{state.seconds:.0f} s" if state.started else "",
-                      escape(detail))
+        table.add_row(
+            escape(state.job.repo_id),
+            ", ".join(state.job.options.qmodes),
+            f"[{colour}]{state.state}[/{colour}]",
+            f"{state.seconds:.0f} s" if state.started else "",
+            escape(detail),
+        )
     return table
 
 
-def _plan_table(jobs, engine_name: str, token: Optional[str], endpoint: Optional[str]) -> Table:
+def _plan_table(jobs, engine_name: str, token: str | None, endpoint: str | None) -> Table:
     table = Table(title=f"plan: {len(jobs)} job(s), on {engine_name}")
     for column in ("repo", "source", "variants", "fp32 weights", "memory per variant"):
-        table.add_column(column, justify="right" if "memory" in column or "weights" in column else "left",
-                         overflow="fold")
+        table.add_column(
+            column, justify="right" if "memory" in column or "weights" in column else "left", overflow="fold"
+        )
     for job in jobs:
         weights = fp32_weight_bytes(job, token, endpoint)
         table.add_row(
-            escape(job.repo_id), escape(job.source), escape(", ".join(job.options.qmodes)),
-            human_size(weights) if weights else "unknown", human_size(variant_memory(weights)) if weights else "unknown",
+            escape(job.repo_id),
+            escape(job.source),
+            escape(", ".join(job.options.qmodes)),
+            human_size(weights) if weights else "unknown",
+            human_size(variant_memory(weights)) if weights else "unknown",
         )
     return table
 
@@ -376,10 +433,10 @@ def batch_command(
     plan: Path = typer.Argument(..., help="YAML plan: defaults and a list of jobs (source, repo, options)."),
     dry_run: bool = typer.Option(False, help="Print the plan with each job's estimated memory; build nothing."),
     ray: bool = typer.Option(False, "--ray", help=RAY_HELP),
-    ray_address: Optional[str] = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
+    ray_address: str | None = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
     retries: int = typer.Option(2, help=RETRIES_HELP),
-    endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
-    token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
 ):
     """Export and push a catalogue: every job of PLAN, each repo in one commit, with a live table."""
     from rich.live import Live
@@ -396,11 +453,19 @@ def batch_command(
         with Live(_jobs_table([]), console=err, refresh_per_second=2, transient=False) as live:
 
             def log_line(state, line: str) -> None:  # printed above the live table
-                live.console.print(f"[dim]{time.perf_counter() - started:7.1f}s[/dim]  {escape(state.job.repo_id)}: "
-                                   f"{escape(line)}", soft_wrap=True)
+                live.console.print(
+                    f"[dim]{time.perf_counter() - started:7.1f}s[/dim]  {escape(state.job.repo_id)}: {escape(line)}",
+                    soft_wrap=True,
+                )
 
-            states = run_batch(jobs, engine=engine, token=token, endpoint=endpoint, on_event=log_line,
-                               on_change=lambda current: live.update(_jobs_table(current)))
+            states = run_batch(
+                jobs,
+                engine=engine,
+                token=token,
+                endpoint=endpoint,
+                on_event=log_line,
+                on_change=lambda current: live.update(_jobs_table(current)),
+            )
             live.update(_jobs_table(states))
     for state in states:
         if state.error:
@@ -413,9 +478,9 @@ def batch_command(
 @app.command("ls", epilog="Example:\n\n  hub-export ls alice/SmolLM2-135M-ExecuTorch")
 def ls_command(
     repo_id: str = typer.Argument(..., help="A Hub repo published by hub-export."),
-    revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the repo."),
-    endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
-    token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    revision: str | None = typer.Option(None, help="Branch, tag or commit of the repo."),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
 ):
     """List the variants of a published repo: size, context, verification, speed."""
     manifest = list_variants(repo_id, endpoint=endpoint, token=token, revision=revision)
@@ -430,17 +495,25 @@ def ls_command(
         facts = variant_facts(variant)
         decode = facts["decode_tps"]
         table.add_row(
-            variant.file, facts["size"], escape(facts["context"].removesuffix(" tokens")),
-            escape(facts["memory"].split(" (")[0]), escape(facts["quality"]),
-            escape(facts["verification"].removesuffix(" vs eager")), "-" if decode == "n/a" else decode,
+            variant.file,
+            facts["size"],
+            escape(facts["context"].removesuffix(" tokens")),
+            escape(facts["memory"].split(" (")[0]),
+            escape(facts["quality"]),
+            escape(facts["verification"].removesuffix(" vs eager")),
+            "-" if decode == "n/a" else decode,
         )
     out.print(table)
     qualities = [v.verification.quality for v in manifest.variants if v.verification.quality is not None]
     if qualities:
-        out.print(f"[dim]perplexity: on {qualities[0].tokens} tokens of English text, through the .pte; "
-                  "in brackets, its ratio to the fp32 model's[/dim]")
-    out.print("[dim]ctx: tokens the cache holds; memory: resident memory of a process running the file to full "
-              "context, measured at export (~: an estimate)[/dim]")
+        out.print(
+            f"[dim]perplexity: on {qualities[0].tokens} tokens of English text, through the .pte; "
+            "in brackets, its ratio to the fp32 model's[/dim]"
+        )
+    out.print(
+        "[dim]ctx: tokens the cache holds; memory: resident memory of a process running the file to full "
+        "context, measured at export (~: an estimate)[/dim]"
+    )
     if manifest.machine:
         out.print(f"[dim]tok/s: decode speed of the ExecuTorch runner at export, on {escape(manifest.machine)}[/dim]")
 
@@ -448,11 +521,11 @@ def ls_command(
 @app.command("pull", epilog="Example:\n\n  hub-export pull alice/SmolLM2-135M-ExecuTorch --variant 8da4w -o smollm2")
 def pull_command(
     repo_id: str = typer.Argument(..., help="A Hub repo published by hub-export."),
-    variant: Optional[str] = typer.Option(None, help="Variant (qmode or file name); default: the first one."),
-    output: Optional[Path] = typer.Option(None, "-o", "--output", help="Folder to download to (default: the HF cache)."),
-    revision: Optional[str] = typer.Option(None, help="Branch, tag or commit of the repo."),
-    endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
-    token: Optional[str] = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    variant: str | None = typer.Option(None, help="Variant (qmode or file name); default: the first one."),
+    output: Path | None = typer.Option(None, "-o", "--output", help="Folder to download to (default: the HF cache)."),
+    revision: str | None = typer.Option(None, help="Branch, tag or commit of the repo."),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
 ):
     """Download one variant with its tokenizer and manifest, and check its sha256."""
     folder = pull(repo_id, variant=variant, output_dir=output, endpoint=endpoint, token=token, revision=revision)
@@ -464,12 +537,12 @@ def pull_command(
 @app.command("card", epilog="Example:\n\n  hub-export card out/ --template my_card.md.j2")
 def card_command(
     folder: Path = typer.Argument(..., help="An export folder (with manifest.json)."),
-    template: Optional[Path] = typer.Option(None, help="Jinja2 template for the card body."),
-    source_card: Optional[Path] = typer.Option(
+    template: Path | None = typer.Option(None, help="Jinja2 template for the card body."),
+    source_card: Path | None = typer.Option(
         None, help="README.md of the source model: license/language to inherit (kept in the manifest)."
     ),
-    repo_id: Optional[str] = typer.Option(None, help="Repo the folder is published as (for the usage commands)."),
-    endpoint: Optional[str] = typer.Option(None, help=ENDPOINT_HELP),
+    repo_id: str | None = typer.Option(None, help="Repo the folder is published as (for the usage commands)."),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
 ):
     """(Re-)render FOLDER/README.md from FOLDER/manifest.json."""
     data = remember_source_card(folder, source_card) if source_card else None
@@ -488,8 +561,11 @@ def mount_hub(target: typer.Typer) -> None:
         if (error.name or "").split(".")[0] not in ("fastapi", "uvicorn", "starlette"):
             raise
 
-        @target.command("hub", help=f"Run the local Hub server: {HUB_EXTRA_MISSING}.",
-                        context_settings={"allow_extra_args": True, "ignore_unknown_options": True})
+        @target.command(
+            "hub",
+            help=f"Run the local Hub server: {HUB_EXTRA_MISSING}.",
+            context_settings={"allow_extra_args": True, "ignore_unknown_options": True},
+        )
         def needs_the_extra(context: typer.Context) -> None:
             raise InputError(HUB_EXTRA_MISSING)
 
@@ -548,7 +624,7 @@ def main() -> None:
 def _secrets_of_this_run() -> Redactor:
     """A redactor for the tokens this command was given (``--token VALUE``, ``--token=VALUE``, ``HF_TOKEN``)."""
     args = sys.argv[1:]
-    given = [value for flag, value in zip(args, args[1:]) if flag == "--token"]
+    given = [value for flag, value in zip(args, args[1:], strict=False) if flag == "--token"]
     given += [arg.split("=", 1)[1] for arg in args if arg.startswith("--token=")]
     return Redactor(os.environ.get("HF_TOKEN"), *given)
 

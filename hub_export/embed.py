@@ -23,8 +23,8 @@ if TYPE_CHECKING:
 class EmbedResult:
     """Vectors of texts from an embedding ``.pte``, their pairwise similarities and the speed."""
 
-    vectors: "torch.Tensor"  # [n, dim], in the order of the texts
-    similarities: "torch.Tensor"  # [n, n] cosine similarities
+    vectors: torch.Tensor  # [n, dim], in the order of the texts
+    similarities: torch.Tensor  # [n, n] cosine similarities
     tokens: list[int]  # per text, after truncation to the file's max_seq_len
     seconds: float  # running the file, tokenization aside
 

@@ -57,7 +57,7 @@ class Pooling:
     normalize: bool = False
 
     @classmethod
-    def of_folder(cls, folder: str | Path) -> "Pooling":
+    def of_folder(cls, folder: str | Path) -> Pooling:
         """The pooling a sentence-transformers folder declares; mean, unnormalised, for a plain encoder.
 
         Raises:
@@ -74,8 +74,9 @@ class Pooling:
         chosen = [key for key, on in config.items() if key.startswith("pooling_mode_") and on is True]
         modes = [_POOLING_KEYS.get(key) for key in chosen]
         if len(chosen) > 1 or None in modes:
-            raise InputError(f"{folder.name} pools with {', '.join(chosen)}; supported: one of "
-                             f"{', '.join(_POOLING_KEYS)}")
+            raise InputError(
+                f"{folder.name} pools with {', '.join(chosen)}; supported: one of {', '.join(_POOLING_KEYS)}"
+            )
         return cls(mode=modes[0] if modes else "mean", normalize=normalize)
 
 
@@ -112,8 +113,12 @@ def export_embedder(embedder: SentenceEmbedder, max_seq_len: int) -> torch.expor
     seq = torch.export.Dim("seq", min=2, max=max_seq_len)
     example = torch.ones(1, min(16, max_seq_len), dtype=torch.long)
     with torch.no_grad():
-        return torch.export.export(embedder, (example, torch.ones_like(example)),
-                                   dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}}, strict=False)
+        return torch.export.export(
+            embedder,
+            (example, torch.ones_like(example)),
+            dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}},
+            strict=False,
+        )
 
 
 def embedder_metadata(max_seq_len: int, dim: int, pooling: Pooling) -> dict[str, Any]:
@@ -158,8 +163,9 @@ class EmbeddingReference:
     vectors: torch.Tensor  # [N, dim]
 
 
-def build_reference(embedder: SentenceEmbedder, tokenizer_json: str | Path, max_seq_len: int,
-                    sentences: list[str] | None = None) -> EmbeddingReference:
+def build_reference(
+    embedder: SentenceEmbedder, tokenizer_json: str | Path, max_seq_len: int, sentences: list[str] | None = None
+) -> EmbeddingReference:
     """Eager vectors of ``sentences`` (default: :func:`eval_sentences`) through ``embedder``."""
     sentences = sentences or eval_sentences()
     tokenizer = _tokenizer(tokenizer_json, max_seq_len)
@@ -204,14 +210,19 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, threshold: float) -> E
     """Cosine and retrieval figures of ``actual`` against ``expected`` (``[N, dim]`` each), judged by ``threshold``."""
     cosine = nn.functional.cosine_similarity(actual.float(), expected.float(), dim=-1)
     check = EmbeddingCheck(
-        sentences=int(actual.shape[0]), min_cosine=cosine.min().item(), mean_cosine=cosine.mean().item(),
-        retrieval_agreement=retrieval_agreement(actual, expected), threshold=threshold,
+        sentences=int(actual.shape[0]),
+        min_cosine=cosine.min().item(),
+        mean_cosine=cosine.mean().item(),
+        retrieval_agreement=retrieval_agreement(actual, expected),
+        threshold=threshold,
     )
     if not torch.isfinite(actual).all():
         check.failure = "the runtime produced non-finite vectors"
     elif check.min_cosine < threshold:
-        check.failure = (f"cosine similarity to eager {check.min_cosine:.4f} on the worst of {check.sentences} "
-                         f"sentences is below {threshold}")
+        check.failure = (
+            f"cosine similarity to eager {check.min_cosine:.4f} on the worst of {check.sentences} "
+            f"sentences is below {threshold}"
+        )
     return check
 
 
@@ -225,8 +236,13 @@ def pte_vectors(pte_path: str | Path, inputs: list[tuple[torch.Tensor, torch.Ten
     return torch.cat([model.run([ids, mask]) for ids, mask in inputs]).float()
 
 
-def verify_variant(pte_path: str | Path, expected: torch.Tensor, reference: EmbeddingReference, mode: QMode,
-                   qembedding: str | None = None) -> Verification:
+def verify_variant(
+    pte_path: str | Path,
+    expected: torch.Tensor,
+    reference: EmbeddingReference,
+    mode: QMode,
+    qembedding: str | None = None,
+) -> Verification:
     """Check ``pte_path`` against the quantized eager model's vectors (``expected``) and measure what
     quantization kept of fp32's (``reference``).
 
@@ -235,8 +251,10 @@ def verify_variant(pte_path: str | Path, expected: torch.Tensor, reference: Embe
     (:data:`MIN_COSINE_VS_FP32`, by the fewest bits of the weights and the embedding table).
     """
     bits = min(mode.weight_bits, QEMBEDDINGS.get(qembedding or "", 32))
-    limits = {"min_cosine_vs_eager_required": MIN_COSINE_VS_EAGER[mode.tolerance],
-              "min_cosine_vs_fp32_required": MIN_COSINE_VS_FP32[bits]}
+    limits = {
+        "min_cosine_vs_eager_required": MIN_COSINE_VS_EAGER[mode.tolerance],
+        "min_cosine_vs_fp32_required": MIN_COSINE_VS_FP32[bits],
+    }
     try:
         vectors = pte_vectors(pte_path, reference.inputs)
     except VerificationError as error:
@@ -244,9 +262,12 @@ def verify_variant(pte_path: str | Path, expected: torch.Tensor, reference: Embe
     against_eager = compare(vectors, expected, limits["min_cosine_vs_eager_required"])
     against_fp32 = compare(vectors, reference.vectors, limits["min_cosine_vs_fp32_required"])
     figures = {
-        **limits, "sentences": float(against_eager.sentences),
-        "min_cosine_vs_eager": against_eager.min_cosine, "mean_cosine_vs_eager": against_eager.mean_cosine,
-        "min_cosine_vs_fp32": against_fp32.min_cosine, "mean_cosine_vs_fp32": against_fp32.mean_cosine,
+        **limits,
+        "sentences": float(against_eager.sentences),
+        "min_cosine_vs_eager": against_eager.min_cosine,
+        "mean_cosine_vs_eager": against_eager.mean_cosine,
+        "min_cosine_vs_fp32": against_fp32.min_cosine,
+        "mean_cosine_vs_fp32": against_fp32.mean_cosine,
         "retrieval_vs_fp32": against_fp32.retrieval_agreement,
     }
     failure = against_eager.failure and f"against eager: {against_eager.failure}"
@@ -283,4 +304,3 @@ class Embedder:
         """Pairwise cosine similarities of ``texts``, ``[n, n]``."""
         unit = nn.functional.normalize(self.embed(texts), dim=-1)
         return unit @ unit.T
-

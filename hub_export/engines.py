@@ -27,15 +27,17 @@ import os
 import socket
 import tempfile
 import threading
+from collections.abc import Callable, Iterator
 from contextlib import contextmanager
 from dataclasses import replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable, Iterator, Protocol
+from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import ExportError, HubExportError, InputError, first_line, opt
 from .manifest import sha256_file
 from .options import ExportOptions
 from .prepare import Prepared, SourceRequest, prepare, source_on_this_node
+from .quiet import quiet_libraries, quiet_torch
 from .workers import (
     PEAK_PER_WEIGHT_BYTE,
     WORKER_BASE_BYTES,
@@ -45,7 +47,6 @@ from .workers import (
     usable_cpus,
     worker_count,
 )
-from .quiet import quiet_libraries, quiet_torch
 
 if TYPE_CHECKING:
     from .manifest import Variant
@@ -65,7 +66,7 @@ class Engine(Protocol):
 
     def prepare(self, request: SourceRequest, say: Say) -> Prepared: ...
 
-    def build(self, prepared: Prepared, request: SourceRequest, workdir: Path, say: Say) -> list["Variant"]: ...
+    def build(self, prepared: Prepared, request: SourceRequest, workdir: Path, say: Say) -> list[Variant]: ...
 
     def close(self) -> None: ...
 
@@ -82,8 +83,18 @@ def _libraries_quiet() -> bool:
 
 def _jobs(prepared: Prepared, options: ExportOptions, workdir: Path, threads: int) -> list[VariantJob]:
     return [
-        VariantJob(index, qmode, prepared.src, options, prepared.max_seq_len, workdir, prepared.reference,
-                   threads=threads, quiet=_libraries_quiet(), mixed_plan=prepared.mixed_plan)
+        VariantJob(
+            index,
+            qmode,
+            prepared.src,
+            options,
+            prepared.max_seq_len,
+            workdir,
+            prepared.reference,
+            threads=threads,
+            quiet=_libraries_quiet(),
+            mixed_plan=prepared.mixed_plan,
+        )
         for index, qmode in enumerate(options.qmodes)
     ]
 
@@ -99,7 +110,7 @@ class LocalEngine:
     def prepare(self, request: SourceRequest, say: Say) -> Prepared:
         return prepare(request, say)
 
-    def build(self, prepared: Prepared, request: SourceRequest, workdir: Path, say: Say) -> list["Variant"]:
+    def build(self, prepared: Prepared, request: SourceRequest, workdir: Path, say: Say) -> list[Variant]:
         # torch and the build stages load with the first build, not with `import hub_export`
         from .build import RunState, build_variant
         from .patches import release_memory
@@ -112,8 +123,16 @@ class LocalEngine:
             say(f"building {len(options.qmodes)} variants, {workers} at a time in worker processes")
             jobs = _jobs(prepared, options, workdir, threads=max(1, usable_cpus() // workers))
             return export_in_workers(jobs, workers, say, retries=self.retries)
-        run = RunState(prepared.model, prepared.src, options, prepared.max_seq_len, workdir, prepared.reference, say,
-                       prepared.mixed_plan)
+        run = RunState(
+            prepared.model,
+            prepared.src,
+            options,
+            prepared.max_seq_len,
+            workdir,
+            prepared.reference,
+            say,
+            prepared.mixed_plan,
+        )
         prepared.model = None  # the run owns it now, and drops it once the last variant no longer needs it
         for index, qmode in enumerate(options.qmodes):
             run.variants.append(build_variant(run, qmode, last=index == len(options.qmodes) - 1))
@@ -125,7 +144,7 @@ class LocalEngine:
     def close(self) -> None:
         pass
 
-    def __enter__(self) -> "LocalEngine":
+    def __enter__(self) -> LocalEngine:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -155,7 +174,6 @@ _FORWARDED_ENV = ("HF_ENDPOINT", "HF_HUB_DISABLE_XET", "HF_HUB_OFFLINE", "HUB_EX
 
 def _task_setup(quiet: bool) -> None:
     if quiet:
-
         quiet_libraries()
         quiet_torch()
 
@@ -190,14 +208,15 @@ def _prepare_task(request: SourceRequest, relay, quiet: bool) -> Prepared:
     return prepared
 
 
-def _build_task(job: VariantJob, request: SourceRequest, relay) -> tuple["Variant", dict[str, bytes]]:
+def _build_task(job: VariantJob, request: SourceRequest, relay) -> tuple[Variant, dict[str, bytes]]:
     """On a node: build ``job``'s variant and return its record and its files' bytes."""
     _send(relay, ("start", job.index, (_here(), _attempt())))
     _task_setup(job.quiet)
     src = source_on_this_node(job.src, request)
     with tempfile.TemporaryDirectory(prefix="hub-export-task-") as scratch:
-        variant = build_job(replace(job, src=src, workdir=Path(scratch)),
-                            say=lambda *event: _send(relay, ("say", job.index, event)))
+        variant = build_job(
+            replace(job, src=src, workdir=Path(scratch)), say=lambda *event: _send(relay, ("say", job.index, event))
+        )
         names = [name for name in (variant.file, variant.data_file) if name]
         return variant, {name: (Path(scratch) / name).read_bytes() for name in names}
 
@@ -216,15 +235,22 @@ class RayEngine:
             env = {name: os.environ[name] for name in _FORWARDED_ENV if name in os.environ}
             own_instance = {} if address or os.environ.get("RAY_ADDRESS") else {"include_dashboard": False}
             try:
-                ray.init(address=address or None, log_to_driver=False, configure_logging=False,
-                         runtime_env={"env_vars": env} if env else None, **own_instance)
+                ray.init(
+                    address=address or None,
+                    log_to_driver=False,
+                    configure_logging=False,
+                    runtime_env={"env_vars": env} if env else None,
+                    **own_instance,
+                )
             except (ConnectionError, RuntimeError, ValueError) as exc:
                 where = address or "a new local instance"
-                raise InputError(f"could not connect to the Ray cluster at {where}: {first_line(exc) or type(exc).__name__}",
-                                 hint="start one with `ray start --head`, or check --ray-address / RAY_ADDRESS; a "
-                                      "cluster with token authentication also needs RAY_AUTH_MODE=token and its token "
-                                      "(~/.ray/auth_token or RAY_AUTH_TOKEN)",
-                                 param="ray_address") from None
+                raise InputError(
+                    f"could not connect to the Ray cluster at {where}: {first_line(exc) or type(exc).__name__}",
+                    hint="start one with `ray start --head`, or check --ray-address / RAY_ADDRESS; a "
+                    "cluster with token authentication also needs RAY_AUTH_MODE=token and its token "
+                    "(~/.ray/auth_token or RAY_AUTH_TOKEN)",
+                    param="ray_address",
+                ) from None
         self.address = address
         self._cancelled = threading.Event()
 
@@ -237,7 +263,7 @@ class RayEngine:
             _import_ray().shutdown()
             self._owns_ray = False
 
-    def __enter__(self) -> "RayEngine":
+    def __enter__(self) -> RayEngine:
         return self
 
     def __exit__(self, *exc: Any) -> None:
@@ -254,29 +280,40 @@ class RayEngine:
     def prepare(self, request: SourceRequest, say: Say) -> Prepared:
         ray = _import_ray()
         with self._relay() as relay:
-            task = ray.remote(_prepare_task).options(num_cpus=1, max_retries=self.retries, retry_exceptions=False,
-                                                     name=f"hub-export prepare {request.source}")
+            task = ray.remote(_prepare_task).options(
+                num_cpus=1,
+                max_retries=self.retries,
+                retry_exceptions=False,
+                name=f"hub-export prepare {request.source}",
+            )
             ref = task.remote(request, relay, _libraries_quiet())
             return self._gather({ref: None}, relay, say)[ref]
 
-    def build(self, prepared: Prepared, request: SourceRequest, workdir: Path, say: Say) -> list["Variant"]:
+    def build(self, prepared: Prepared, request: SourceRequest, workdir: Path, say: Say) -> list[Variant]:
         ray = _import_ray()
         options = request.options
         memory = variant_memory(prepared.weight_bytes)
         self._check_fits(memory)
-        say(f"building {len(options.qmodes)} variant(s) on the {self.describe()}, each task 1 CPU and "
-            f"{memory / 2**30:.1f} GiB")
+        say(
+            f"building {len(options.qmodes)} variant(s) on the {self.describe()}, each task 1 CPU and "
+            f"{memory / 2**30:.1f} GiB"
+        )
         jobs = _jobs(prepared, options, workdir, threads=1)
         with self._relay() as relay:
             task = ray.remote(_build_task)
             refs = {
-                task.options(num_cpus=1, memory=memory, max_retries=self.retries, retry_exceptions=False,
-                             name=f"hub-export {job.qmode} {request.source}").remote(job, request, relay): job
+                task.options(
+                    num_cpus=1,
+                    memory=memory,
+                    max_retries=self.retries,
+                    retry_exceptions=False,
+                    name=f"hub-export {job.qmode} {request.source}",
+                ).remote(job, request, relay): job
                 for job in jobs
             }
             results = self._gather(refs, relay, say)
         variants = []
-        for ref, job in refs.items():
+        for ref in refs:
             variant, files = results[ref]
             for name, content in files.items():
                 (workdir / name).write_bytes(content)
@@ -347,8 +384,12 @@ class RayEngine:
                 if retry == 0:
                     say(f"[{qmode}] building on {where}")
                 else:
-                    say(f"[{qmode}] the previous worker died; building again on {where} "
-                        f"(retry {retry} of {self.retries})", "retry", qmode)
+                    say(
+                        f"[{qmode}] the previous worker died; building again on {where} "
+                        f"(retry {retry} of {self.retries})",
+                        "retry",
+                        qmode,
+                    )
 
     def _result(self, ref, job: VariantJob | None) -> Any:
         ray = _import_ray()
@@ -369,7 +410,9 @@ class RayEngine:
             ) from None
 
 
-def engine(ray: bool = False, ray_address: str | None = None, retries: int = DEFAULT_RETRIES) -> LocalEngine | RayEngine:
+def engine(
+    ray: bool = False, ray_address: str | None = None, retries: int = DEFAULT_RETRIES
+) -> LocalEngine | RayEngine:
     """The engine a command asked for: Ray when ``ray`` or an address is given, else this machine."""
     if ray or ray_address:
         return RayEngine(ray_address, retries)

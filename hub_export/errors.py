@@ -18,7 +18,7 @@ Example:
 from __future__ import annotations
 
 import re
-from typing import Callable, Mapping
+from collections.abc import Callable, Mapping
 
 _MARK = "\ue000"  # a private-use character: never whitespace, never in a real message
 _PLACEHOLDER = re.compile(f"{_MARK}([a-z0-9_]+){_MARK}")

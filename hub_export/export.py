@@ -12,17 +12,18 @@ from __future__ import annotations
 import logging
 import shutil
 import tempfile
+from collections.abc import Callable
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
 from . import quantize
+from .card import declared_source as checked
 from .engines import LocalEngine
 from .errors import InputError, opt
 from .manifest import Manifest, machine_description, package_versions
 from .options import DEFAULT_QUALITY_TOKENS, ExportOptions, options_with, variant_filename
 from .prepare import SourceRequest
 from .progress import Callback, Tracker, tracker
-from .card import declared_source as checked
 
 if TYPE_CHECKING:
     from .engines import Engine
@@ -45,7 +46,8 @@ def _declared_source(source: str, options: ExportOptions) -> dict[str, str]:
     if "base_model" in declared and not (is_local or is_gguf):
         raise InputError(
             f"{opt('base_model')} is for local folders and GGUF files; {source} is a Hub repo, which the card links as its "
-            f"base model already: drop {opt('base_model')}", param="base_model",
+            f"base model already: drop {opt('base_model')}",
+            param="base_model",
         )
     return declared
 
@@ -78,7 +80,7 @@ def export(
     cache_dir: str | Path | None = None,
     command: str | None = None,
     progress: Callback | Tracker | None = None,
-    engine: "Engine | None" = None,
+    engine: Engine | None = None,
     **option_values: Any,
 ) -> Manifest:
     """Export ``source`` to verified ExecuTorch ``.pte`` variants in ``output_dir``.
@@ -126,7 +128,9 @@ def export(
             (workdir / name).write_bytes(content)
         manifest = Manifest(
             source={**prepared.record, **declared},  # what the exporter said the model is (--base-model, ...)
-            versions=package_versions(), variants=variants, command=command or options.command(_shown_source(source)),
+            versions=package_versions(),
+            variants=variants,
+            command=command or options.command(_shown_source(source)),
             machine=machine_description(),
         )
         manifest.write(workdir)

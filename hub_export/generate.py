@@ -10,9 +10,10 @@ from __future__ import annotations
 
 import json
 import time
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Callable, Iterator
+from typing import Any
 
 from .errors import InputError, opt
 
@@ -56,13 +57,18 @@ class Sampling:
 
     def check(self) -> None:
         if self.temperature < 0:
-            raise InputError(f"{opt('temperature')} must be 0 (greedy) or more (got {self.temperature})", param="temperature")
+            raise InputError(
+                f"{opt('temperature')} must be 0 (greedy) or more (got {self.temperature})", param="temperature"
+            )
         if not 0 < self.top_p <= 1:
             raise InputError(f"{opt('top_p')} must be in (0, 1] (got {self.top_p})", param="top_p")
         if self.top_k < 0:
             raise InputError(f"{opt('top_k')} must be 0 (off) or more (got {self.top_k})", param="top_k")
         if self.repetition_penalty <= 0:
-            raise InputError(f"{opt('repetition_penalty')} must be above 0; 1 is off (got {self.repetition_penalty})", param="repetition_penalty")
+            raise InputError(
+                f"{opt('repetition_penalty')} must be above 0; 1 is off (got {self.repetition_penalty})",
+                param="repetition_penalty",
+            )
 
     def pick(self, logits, seen, generator) -> int:
         """The next token from ``logits`` ``[vocab]``; ``seen`` are the ids so far (for the penalty)."""
@@ -125,8 +131,12 @@ def chat_prompt(tokenizer_dir: str | Path, prompt: str, system: str | None = Non
 
     template = chat_template(tokenizer_dir)
     if template is None:
-        raise InputError("this model has no chat template", hint=f"pass {opt('no_chat')} to send the prompt as is",
-                         param="chat", code="no_chat_template")
+        raise InputError(
+            "this model has no chat template",
+            hint=f"pass {opt('no_chat')} to send the prompt as is",
+            param="chat",
+            code="no_chat_template",
+        )
     try:
         config = json.loads((Path(tokenizer_dir) / "tokenizer_config.json").read_text(encoding="utf-8"))
     except (OSError, ValueError):
@@ -169,13 +179,26 @@ class GenerationResponse:
 
     def result(self, text: str) -> GenerationResult:
         """The :class:`GenerationResult` of a generation whose last response this is."""
-        return GenerationResult(text, self.prompt_tokens, self.generated_tokens, self.prefill_seconds,
-                                self.decode_seconds, self.stop_reason or "max_new_tokens", self.chat)
+        return GenerationResult(
+            text,
+            self.prompt_tokens,
+            self.generated_tokens,
+            self.prefill_seconds,
+            self.decode_seconds,
+            self.stop_reason or "max_new_tokens",
+            self.chat,
+        )
 
 
 def stream_generate(
-    pte_path: str | Path, tokenizer_dir: str | Path, prompt: str, *, max_new_tokens: int = 64,
-    sampling: Sampling | None = None, chat: bool | None = None, system: str | None = None
+    pte_path: str | Path,
+    tokenizer_dir: str | Path,
+    prompt: str,
+    *,
+    max_new_tokens: int = 64,
+    sampling: Sampling | None = None,
+    chat: bool | None = None,
+    system: str | None = None,
 ) -> Iterator[GenerationResponse]:
     """Generate from ``prompt`` with a ``.pte``, yielding a :class:`GenerationResponse` per token.
 
@@ -216,25 +239,29 @@ def stream_generate(
         token = sampling.pick(logits, seen, generator)
         seen.append(token)
         generated += 1
-        stop = "eos" if token in eos else None
-        piece = "" if stop else (stream.step(tokenizer, token) or "")
-        if stop is None and generated >= max_new_tokens:
-            stop = "max_new_tokens"
-        if stop is None and position >= max_len:
-            stop = "context_full"
-        yield GenerationResponse(piece, token, len(ids), generated, prefill_seconds,
-                                 time.perf_counter() - decode_started, stop, chat)
+        stop = _stop_reason(token in eos, generated >= max_new_tokens, position >= max_len)
+        piece = "" if stop == "eos" else (stream.step(tokenizer, token) or "")
+        yield GenerationResponse(
+            piece, token, len(ids), generated, prefill_seconds, time.perf_counter() - decode_started, stop, chat
+        )
         if stop:
             return
         logits = model.forward(torch.tensor([[token]], dtype=torch.long), start_pos=position)
         position += 1
 
 
+def _stop_reason(eos: bool, enough: bool, full: bool) -> str | None:
+    """Why generation stops after this token, the first that applies: EOS, max new tokens, a full context."""
+    return "eos" if eos else "max_new_tokens" if enough else "context_full" if full else None
+
+
 def _limits(model) -> tuple[int, int, set[int]]:
     """(the longest forward the file takes, its context, its EOS ids); a file of another task is refused."""
     if "get_embedding_dim" in model.metadata:
-        raise InputError(f"{model.path.name} is a sentence-embedding file, which does not generate text; "
-                         "use `hub-export embed` (hub_export.embed)")
+        raise InputError(
+            f"{model.path.name} is a sentence-embedding file, which does not generate text; "
+            "use `hub-export embed` (hub_export.embed)"
+        )
     chunk = max(1, int(model.metadata.get("get_max_seq_len", 0)) - 1)
     max_len = max(int(model.metadata.get("get_max_context_len", 0)), chunk + 1)
     return chunk, max_len, set(model.metadata.get("get_eos_ids", []))
@@ -249,12 +276,13 @@ def _prefill(model, ids: list[int], chunk: int):
 
     started = time.perf_counter()
     for start in range(0, len(ids), chunk):
-        logits = model.forward(torch.tensor([ids[start:start + chunk]], dtype=torch.long), start_pos=start)
+        logits = model.forward(torch.tensor([ids[start : start + chunk]], dtype=torch.long), start_pos=start)
     return logits, time.perf_counter() - started
 
 
-def _encode_prompt(tokenizer_dir: Path, prompt: str, max_new_tokens: int, sampling: Sampling, chat: bool | None,
-                   system: str | None):
+def _encode_prompt(
+    tokenizer_dir: Path, prompt: str, max_new_tokens: int, sampling: Sampling, chat: bool | None, system: str | None
+):
     """(tokenizer, prompt ids, whether the chat template is used), after checking the arguments."""
     from tokenizers import Tokenizer
 
@@ -267,12 +295,19 @@ def _encode_prompt(tokenizer_dir: Path, prompt: str, max_new_tokens: int, sampli
     if chat is None:
         chat = chat_template(tokenizer_dir) is not None
     if system and not chat:
-        raise InputError(f"{opt('system')} needs the chat template", hint=f"drop {opt('no_chat')}", param="system",
-                         code="system_needs_chat")
+        raise InputError(
+            f"{opt('system')} needs the chat template",
+            hint=f"drop {opt('no_chat')}",
+            param="system",
+            code="system_needs_chat",
+        )
     tokenizer = Tokenizer.from_file(str(tokenizer_file))
     # A rendered template carries its own special tokens (BOS included), as transformers' apply_chat_template does.
-    ids = (tokenizer.encode(chat_prompt(tokenizer_dir, prompt, system), add_special_tokens=False).ids if chat
-           else tokenizer.encode(prompt).ids)
+    ids = (
+        tokenizer.encode(chat_prompt(tokenizer_dir, prompt, system), add_special_tokens=False).ids
+        if chat
+        else tokenizer.encode(prompt).ids
+    )
     if not ids:
         raise InputError("the prompt is empty after tokenization")
     return tokenizer, ids, chat

@@ -29,7 +29,9 @@ _FORMAT_VERSION = 1  # bump when the conversion changes what it writes
 def check_file_name(name: str) -> str:
     """``name`` if it is a plain ``*.gguf`` file name (no folders: it is joined to a repo or folder)."""
     if not name or "/" in name or "\\" in name or name.startswith(".") or not name.endswith(".gguf"):
-        raise InputError(f"{opt('gguf_file')} must be the plain name of a .gguf file in the source (got {name!r})", param="gguf_file")
+        raise InputError(
+            f"{opt('gguf_file')} must be the plain name of a .gguf file in the source (got {name!r})", param="gguf_file"
+        )
     return name
 
 

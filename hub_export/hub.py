@@ -12,10 +12,11 @@ to and whether it may write there, and what a repo holds before a push.
 from __future__ import annotations
 
 import hashlib
+from collections.abc import Iterator
 from contextlib import contextmanager
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Any, Iterator
+from typing import Any
 
 from .card import CARD_NAME
 from .errors import HubError, HubExportError, InputError, opt
@@ -58,23 +59,45 @@ def _http_failure(error, repo_id: str, endpoint: str, action: str, failure: type
     status = error.response.status_code if getattr(error, "response", None) is not None else None
     detail = " ".join((getattr(error, "server_message", None) or "").split())[:200]
     if status == 400:
-        return InputError(f"the Hub refused to {action} {repo_id} (HTTP 400: {detail or 'bad request'})",
-                          hint="check the repo name", repo_id=repo_id)
+        return InputError(
+            f"the Hub refused to {action} {repo_id} (HTTP 400: {detail or 'bad request'})",
+            hint="check the repo name",
+            repo_id=repo_id,
+        )
     if status == 401:
-        return failure(f"the Hub at {endpoint} rejected the token (HTTP 401)", hint=f"{LOGIN_HINT} with a valid token",
-                       param="token", code="token_rejected")
+        return failure(
+            f"the Hub at {endpoint} rejected the token (HTTP 401)",
+            hint=f"{LOGIN_HINT} with a valid token",
+            param="token",
+            code="token_rejected",
+        )
     if status == 403:
-        return failure(f"permission denied: your token cannot {action} {repo_id} (HTTP 403)",
-                       hint="use a token with access to that repo, or push to your own namespace",
-                       param="token", repo_id=repo_id, code="forbidden")
+        return failure(
+            f"permission denied: your token cannot {action} {repo_id} (HTTP 403)",
+            hint="use a token with access to that repo, or push to your own namespace",
+            param="token",
+            repo_id=repo_id,
+            code="forbidden",
+        )
     if status == 409:
-        return failure(f"conflict while trying to {action} {repo_id} (HTTP 409: {detail})", hint="retry in a moment",
-                       repo_id=repo_id, code="conflict")
+        return failure(
+            f"conflict while trying to {action} {repo_id} (HTTP 409: {detail})",
+            hint="retry in a moment",
+            repo_id=repo_id,
+            code="conflict",
+        )
     if status == 412:
-        return failure(f"{repo_id} changed while pushing (HTTP 412)", hint="run the command again", repo_id=repo_id,
-                       code="conflict")
-    return failure(f"the Hub failed to {action} {repo_id} (HTTP {status or '?'}{': ' + detail if detail else ''})",
-                   hint="retry later", repo_id=repo_id)
+        return failure(
+            f"{repo_id} changed while pushing (HTTP 412)",
+            hint="run the command again",
+            repo_id=repo_id,
+            code="conflict",
+        )
+    return failure(
+        f"the Hub failed to {action} {repo_id} (HTTP {status or '?'}{': ' + detail if detail else ''})",
+        hint="retry later",
+        repo_id=repo_id,
+    )
 
 
 # Over 60 lines as a flat table: one except clause per failure huggingface_hub names, each with its advice.
@@ -116,42 +139,63 @@ def hub_errors(
         raise not_logged_in(endpoint) from None
     except GatedRepoError:
         raise failure(
-            f"{repo_id} is gated", repo_id=repo_id, param="token", code="gated",
+            f"{repo_id} is gated",
+            repo_id=repo_id,
+            param="token",
+            code="gated",
             hint=f"accept its conditions on the Hub, then retry with the token ({opt('token')} or HF_TOKEN) of an "
-                 "account that accepted them",
+            "account that accepted them",
         ) from None
     except RepositoryNotFoundError:
         raise failure(
-            f"repo {repo_id} not found on {endpoint}, or your token cannot see it", repo_id=repo_id, code="not_found",
+            f"repo {repo_id} not found on {endpoint}, or your token cannot see it",
+            repo_id=repo_id,
+            code="not_found",
             hint=f"check the id; for a private repo use a token that can read it ({opt('token')} or HF_TOKEN)",
         ) from None
     except RevisionNotFoundError:
         asked = f"revision {revision!r}" if revision else "revision"
-        raise failure(f"{asked} not found in {repo_id}", hint=f"check {opt('revision')} or {opt('branch')}",
-                      param="revision", repo_id=repo_id, code="revision") from None
+        raise failure(
+            f"{asked} not found in {repo_id}",
+            hint=f"check {opt('revision')} or {opt('branch')}",
+            param="revision",
+            repo_id=repo_id,
+            code="revision",
+        ) from None
     except LocalEntryNotFoundError:
-        raise failure(f"cannot download from {endpoint} (unreachable, and not in the local cache)",
-                      hint=f"check the network or {opt('endpoint')}/HF_ENDPOINT", code="network") from None
+        raise failure(
+            f"cannot download from {endpoint} (unreachable, and not in the local cache)",
+            hint=f"check the network or {opt('endpoint')}/HF_ENDPOINT",
+            code="network",
+        ) from None
     except EntryNotFoundError as error:
-        raise failure(f"{repo_id} lacks a file hub-export needs ({redact(str(error).splitlines()[0], token)})",
-                      repo_id=repo_id) from None
+        raise failure(
+            f"{repo_id} lacks a file hub-export needs ({redact(str(error).splitlines()[0], token)})", repo_id=repo_id
+        ) from None
     except HfHubHTTPError as error:
         translated = _http_failure(error, repo_id, endpoint, action, failure)
         translated.reason = redact(translated.reason, token)
-        raise type(translated)(translated.reason, hint=translated.hint, param=translated.param,
-                               repo_id=translated.repo_id, code=translated.code) from None
+        raise type(translated)(
+            translated.reason,
+            hint=translated.hint,
+            param=translated.param,
+            repo_id=translated.repo_id,
+            code=translated.code,
+        ) from None
     except HFValidationError as error:
         raise InputError(redact(str(error).splitlines()[0], token)) from None
     except network_errors() as error:
-        raise failure(f"cannot reach {endpoint} ({type(error).__name__})",
-                      hint=f"check the network or {opt('endpoint')}/HF_ENDPOINT", code="network") from None
+        raise failure(
+            f"cannot reach {endpoint} ({type(error).__name__})",
+            hint=f"check the network or {opt('endpoint')}/HF_ENDPOINT",
+            code="network",
+        ) from None
 
 
 # -- repos: names, access and state ----------------------------------------------------
 
 
 REPO_SUFFIX = "-ExecuTorch"
-
 
 
 def check_repo_id(repo_id: str, *, namespace_required: bool = True) -> str:
@@ -177,7 +221,6 @@ def check_repo_id(repo_id: str, *, namespace_required: bool = True) -> str:
     return repo_id
 
 
-
 def default_repo_name(source_name: str) -> str:
     """The repo name for an export of ``source_name`` (a repo id or a folder name).
 
@@ -186,7 +229,6 @@ def default_repo_name(source_name: str) -> str:
         'SmolLM2-135M-ExecuTorch'
     """
     return source_name.rstrip("/").split("/")[-1] + REPO_SUFFIX
-
 
 
 @dataclass
@@ -206,11 +248,9 @@ class RemoteRepo:
         return self.exists and self.manifest is None and bool(set(self.files) - {".gitattributes"})
 
 
-
 def whoami(api, endpoint: str) -> dict:
     with hub_errors("your account", endpoint, "identify"):
         return api.whoami()
-
 
 
 def check_can_write(user: dict, namespace: str, endpoint: str) -> None:
@@ -218,15 +258,20 @@ def check_can_write(user: dict, namespace: str, endpoint: str) -> None:
     name = user.get("name", "")
     role = ((user.get("auth") or {}).get("accessToken") or {}).get("role")
     if role == "read":
-        raise HubError(f"your token for {endpoint} is read-only", param="token", code="read_only",
-                       hint=f"create a write token and pass it with {opt('token')}")
+        raise HubError(
+            f"your token for {endpoint} is read-only",
+            param="token",
+            code="read_only",
+            hint=f"create a write token and pass it with {opt('token')}",
+        )
     orgs = {org.get("name") for org in user.get("orgs") or [] if org.get("roleInOrg") != "read"}
     if namespace != name and namespace not in orgs:
         raise HubError(
-            f"permission denied: {name} cannot write to {namespace}/ on {endpoint}", param="repo_id",
-            hint=f"push to {name}/... or ask {namespace} for write access", code="other_namespace",
+            f"permission denied: {name} cannot write to {namespace}/ on {endpoint}",
+            param="repo_id",
+            hint=f"push to {name}/... or ask {namespace} for write access",
+            code="other_namespace",
         )
-
 
 
 def read_remote_manifest(api, repo_id: str, revision: str) -> Manifest | None:
@@ -237,7 +282,6 @@ def read_remote_manifest(api, repo_id: str, revision: str) -> Manifest | None:
         return Manifest.parse(Path(path).read_bytes(), f"{repo_id}/{MANIFEST_NAME}")
     except InputError:
         return None
-
 
 
 def remote_state(api, repo_id: str, branch: str | None, endpoint: str) -> RemoteRepo:
@@ -258,7 +302,6 @@ def remote_state(api, repo_id: str, branch: str | None, endpoint: str) -> Remote
         files = {f.path: f for f in api.list_repo_tree(repo_id, recursive=True, revision=head) if hasattr(f, "blob_id")}
         manifest = read_remote_manifest(api, repo_id, head) if MANIFEST_NAME in files else None
     return RemoteRepo(True, branch_exists, head, files, manifest, getattr(info, "private", None))
-
 
 
 def is_unchanged(content: Path | bytes, remote_file) -> bool:
@@ -289,20 +332,22 @@ def git_blob_id(content: bytes) -> str:
     return hashlib.sha1(b"blob %d\0" % len(content) + content).hexdigest()
 
 
-
 def target_repo_for(api, repo_id: str | None, source_name: str, token: str | None, endpoint: str) -> str:
     """The checked target repo id: given, or ``{user}/{source}-ExecuTorch``; writable by the token."""
     user = whoami(api, endpoint) if token else None
     if repo_id is None:
         if user is None:
-            raise HubError("name the target repo or log in so that it defaults to your namespace", hint=LOGIN_HINT,
-                           param="token", code="login")
+            raise HubError(
+                "name the target repo or log in so that it defaults to your namespace",
+                hint=LOGIN_HINT,
+                param="token",
+                code="login",
+            )
         repo_id = f"{user['name']}/{default_repo_name(source_name)}"
     check_repo_id(repo_id)
     if user is not None:
         check_can_write(user, repo_id.split("/")[0], endpoint)
     return repo_id
-
 
 
 def target_repo(name: str, token: str | None, endpoint: str | None = None) -> str:
@@ -323,18 +368,22 @@ def target_repo(name: str, token: str | None, endpoint: str | None = None) -> st
     return check_repo_id(f"{user['name']}/{name}")
 
 
-
-def read_card(repo_id: str, revision: str | None, token: str | None, endpoint: str | None = None,
-              local_dir: str | Path | None = None) -> str:
+def read_card(
+    repo_id: str,
+    revision: str | None,
+    token: str | None,
+    endpoint: str | None = None,
+    local_dir: str | Path | None = None,
+) -> str:
     """The text of a repo's model card (README.md) at ``revision``."""
     from huggingface_hub import hf_hub_download
 
     endpoint = resolve_endpoint(endpoint)
     with hub_errors(repo_id, endpoint, "read", token):
-        path = hf_hub_download(repo_id, CARD_NAME, revision=revision, endpoint=endpoint, token=token,
-                               local_dir=local_dir)
+        path = hf_hub_download(
+            repo_id, CARD_NAME, revision=revision, endpoint=endpoint, token=token, local_dir=local_dir
+        )
     return Path(path).read_text(encoding="utf-8")
-
 
 
 def check_branch(branch: str) -> None:

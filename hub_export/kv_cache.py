@@ -31,8 +31,8 @@ from dataclasses import dataclass
 
 import torch
 from torch import nn
-from .archs import layer_windows
 
+from .archs import layer_windows
 
 INT8_ROW_EXTRA_BYTES = 5  # a float32 scale and an int8 zero point per token and head
 
@@ -117,8 +117,9 @@ def sliding_layers(config) -> list[int | None]:
     return layer_windows({key: getattr(config, key) for key in keys if hasattr(config, key)})
 
 
-def plan_layers(config, max_seq_len: int, sliding: str = "ring", dtype: str = "fp32",
-                sink: tuple[int, int] | None = None) -> CacheLayout:
+def plan_layers(
+    config, max_seq_len: int, sliding: str = "ring", dtype: str = "fp32", sink: tuple[int, int] | None = None
+) -> CacheLayout:
     """The cache layout of a model at ``max_seq_len`` positions (the cache size under a sink)."""
     kv_heads, head_dim = head_shape(config)
     layers = []
@@ -130,8 +131,9 @@ def plan_layers(config, max_seq_len: int, sliding: str = "ring", dtype: str = "f
         else:
             # A sliding layer under --sliding-cache full keeps every position and masks.
             layers.append(LayerCache(slots=max_seq_len, window=window if window and window < max_seq_len else None))
-    return CacheLayout(tuple(layers), kv_heads, head_dim, max_seq_len, dtype,
-                       sink[0] if sink else None, sink[1] if sink else None)
+    return CacheLayout(
+        tuple(layers), kv_heads, head_dim, max_seq_len, dtype, sink[0] if sink else None, sink[1] if sink else None
+    )
 
 
 def sink_positions(positions: torch.Tensor, sink: int, ring: int) -> torch.Tensor:
@@ -156,7 +158,7 @@ class ForwardContext:
     through a thread-local.
     """
 
-    def __init__(self, cache: "KVCache", start_pos):
+    def __init__(self, cache: KVCache, start_pos):
         self.cache, self.start_pos = cache, start_pos
 
     def __enter__(self):
@@ -168,7 +170,7 @@ class ForwardContext:
         _state.cache, _state.start_pos = self.previous
 
 
-def current_cache() -> "KVCache":
+def current_cache() -> KVCache:
     cache = getattr(_state, "cache", None)
     if cache is None:
         raise RuntimeError("the exported attention ran outside of an ExportableDecoder forward")
@@ -186,7 +188,8 @@ def _dequantize_rows(q: torch.Tensor, scale: torch.Tensor, zero_point: torch.Ten
     # The kernels take int64 zero points and float64 scales (with int8 zero points the
     # subtraction overflows).
     return torch.ops.quantized_decomposed.dequantize_per_token(
-        q, scale.to(torch.float64), zero_point.to(torch.int64), -128, 127, torch.int8, torch.float32)
+        q, scale.to(torch.float64), zero_point.to(torch.int64), -128, 127, torch.int8, torch.float32
+    )
 
 
 class KVCache(nn.Module):
@@ -203,12 +206,14 @@ class KVCache(nn.Module):
         for i, layer in enumerate(layout.layers):
             shape = (1, layer.slots, layout.num_kv_heads, layout.head_dim)
             for kind in ("k", "v"):
-                self.register_buffer(f"{kind}_{i}", torch.zeros(shape, dtype=torch.int8 if int8 else dtype),
-                                     persistent=False)
+                self.register_buffer(
+                    f"{kind}_{i}", torch.zeros(shape, dtype=torch.int8 if int8 else dtype), persistent=False
+                )
                 if int8:
                     self.register_buffer(f"{kind}_scale_{i}", torch.ones(shape[:3] + (1,)), persistent=False)
-                    self.register_buffer(f"{kind}_zero_{i}", torch.zeros(shape[:3] + (1,), dtype=torch.int8),
-                                         persistent=False)
+                    self.register_buffer(
+                        f"{kind}_zero_{i}", torch.zeros(shape[:3] + (1,), dtype=torch.int8), persistent=False
+                    )
 
     def values(self, kind: str, i: int) -> tuple[torch.Tensor, ...]:
         """The buffers of ``kind`` (k or v) of layer ``i``: (values,) or (int8 values, scales, zero points)."""
@@ -226,7 +231,7 @@ class KVCache(nn.Module):
             rows = states.transpose(1, 2)
             buffers = self.values(kind, layer_idx)
             parts = _quantize_rows(rows) if len(buffers) == 3 else (rows,)
-            for part, buffer in zip(parts, buffers):
+            for part, buffer in zip(parts, buffers, strict=False):
                 torch.ops.llama.update_cache(part, buffer, start_pos)
         return self.values("k", layer_idx)[0], self.values("v", layer_idx)[0]
 
@@ -250,7 +255,8 @@ def attend(module, query, key, value, scaling, sliding_window=None, softcap=None
         q, q_scale, q_zero = _quantize_rows(query.transpose(1, 2))
         (k, k_scale, k_zero), (v, v_scale, v_zero) = cache.values("k", layer_idx), cache.values("v", layer_idx)
         return torch.ops.llama.custom_quantized_sdpa(
-            q, k, v, start_pos, None, 0.0, True, scaling, q_zero, q_scale, k_zero, k_scale, v_zero, v_scale)
+            q, k, v, start_pos, None, 0.0, True, scaling, q_zero, q_scale, k_zero, k_scale, v_zero, v_scale
+        )
     return torch.ops.llama.custom_sdpa(query.transpose(1, 2), key, value, start_pos, None, 0.0, True, scaling)
 
 
@@ -280,8 +286,9 @@ def slot_positions(layer: LayerCache, start_pos) -> torch.Tensor:
     slots = torch.arange(layer.slots)
     ring = slots - layer.sink
     last = start_pos - 1 - layer.sink - ring  # how far the newest position of this slot's residue class lies
-    in_ring = torch.where(last >= 0, layer.sink + ring + torch.div(last, layer.ring_slots, rounding_mode="floor")
-                          * layer.ring_slots, -1)
+    in_ring = torch.where(
+        last >= 0, layer.sink + ring + torch.div(last, layer.ring_slots, rounding_mode="floor") * layer.ring_slots, -1
+    )
     in_sink = torch.where(slots < start_pos, slots, -1)
     return torch.where(slots < layer.sink, in_sink, in_ring)
 
@@ -305,17 +312,22 @@ def _ring_attention(cache: KVCache, i: int, layer: LayerCache, query, key, value
         quantized = {"k": _quantize_rows(new_k), "v": _quantize_rows(new_v)}
         new_k, new_v = (_dequantize_rows(*quantized[kind]) for kind in ("k", "v"))
     parts = [
-        (_full(cache, "k", i), _full(cache, "v", i), _visible(layer, q_pos, slot_positions(layer, start_pos).view(1, -1))),
+        (
+            _full(cache, "k", i),
+            _full(cache, "v", i),
+            _visible(layer, q_pos, slot_positions(layer, start_pos).view(1, -1)),
+        ),
         (new_k, new_v, _visible(layer, q_pos, chunk_pos)),
     ]
     output = _grouped_attention(query, parts, scaling, softcap)
     # Write after reading. A chunk longer than the ring writes one slot twice; the op
     # writes in order, so the later position stays, as it must.
-    indices = torch.where(chunk_pos < layer.sink, chunk_pos,
-                          layer.sink + torch.remainder(chunk_pos - layer.sink, layer.ring_slots))
+    indices = torch.where(
+        chunk_pos < layer.sink, chunk_pos, layer.sink + torch.remainder(chunk_pos - layer.sink, layer.ring_slots)
+    )
     for kind, rows in (("k", key.transpose(1, 2)), ("v", value.transpose(1, 2))):
         parts_to_write = quantized[kind] if int8 else (rows,)
-        for part, buffer in zip(parts_to_write, cache.values(kind, i)):
+        for part, buffer in zip(parts_to_write, cache.values(kind, i), strict=False):
             torch.ops.llama.update_cache_with_indices(part, buffer, 0, indices)
     return output
 
@@ -346,7 +358,7 @@ def _grouped_attention(query, parts, scaling, softcap):
     output, offset = None, 0
     for k, v, _ in parts:
         length = k.shape[1]
-        block = torch.matmul(weights[..., offset:offset + length], v.transpose(1, 2))
+        block = torch.matmul(weights[..., offset : offset + length], v.transpose(1, 2))
         output = block if output is None else output + block
         offset += length
     return output.reshape(1, heads, seq, dim).transpose(1, 2).contiguous()

@@ -2,8 +2,9 @@
 
 from __future__ import annotations
 
+from collections.abc import Callable
 from pathlib import Path
-from typing import Any, Callable
+from typing import Any
 
 import torch
 
@@ -125,7 +126,10 @@ def _tag_weights_external(tag: str):
 
 
 def to_pte(
-    program: torch.export.ExportedProgram, metadata: dict[str, Any], path: Path, data_path: Path | None = None,
+    program: torch.export.ExportedProgram,
+    metadata: dict[str, Any],
+    path: Path,
+    data_path: Path | None = None,
     on_partition: Callable[[], None] | None = None,
 ) -> int:
     """Partition to XNNPACK, plan memory and write the ``.pte`` to ``path``; returns its size.
@@ -150,8 +154,11 @@ def to_pte(
     drop_provenance(program)
     xnnpack = partitioner()
     with forgetting_tracing_caches(), skipping_idle_edge_passes():
-        with decomposing_once(program, xnnpack) as decomposed, compact_dependency_viewers(), \
-                skipping_idle_xnnpack_passes(on_partition):
+        with (
+            decomposing_once(program, xnnpack) as decomposed,
+            compact_dependency_viewers(),
+            skipping_idle_xnnpack_passes(on_partition),
+        ):
             edge = to_edge_transform_and_lower(
                 decomposed or program,
                 transform_passes=[_tag_weights_external(tag)] if tag else None,
@@ -176,5 +183,3 @@ def to_pte(
                 raise RuntimeError(f"ExecuTorch wrote no {data_path.name}")
         del executorch_program
     return path.stat().st_size
-
-

@@ -15,10 +15,10 @@ from dataclasses import MISSING, asdict, dataclass, field, fields
 from importlib import metadata as importlib_metadata
 from pathlib import Path
 from typing import Any
+
 from .errors import InputError
 from .options import KV_DTYPES, SLIDING_CACHES, ExportOptions
-from .quantize import INT4_SCALES
-from .quantize import QEMBEDDINGS, QMODES
+from .quantize import INT4_SCALES, QEMBEDDINGS, QMODES
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -41,7 +41,7 @@ class Variant:
     size_bytes: int
     sha256: str
     metadata: dict[str, Any]
-    verification: "Verification"
+    verification: Verification
     export_seconds: float
     per_channel_fallback: list[str] = field(default_factory=list)
     # With --share-embeddings the weights live in a companion ``.ptd`` data file.
@@ -71,8 +71,12 @@ class Variant:
             >>> built.built_as("8da4w", asked), built.built_as("8da4w", ExportOptions())
             (True, False)
         """
-        return (self.qmode == qmode and self.verification.verified and self.asked is not None
-                and self.asked == options.variant_settings())
+        return (
+            self.qmode == qmode
+            and self.verification.verified
+            and self.asked is not None
+            and self.asked == options.variant_settings()
+        )
 
     @property
     def total_bytes(self) -> int:
@@ -83,7 +87,7 @@ class Variant:
         return {**{f.name: getattr(self, f.name) for f in fields(self)}, "verification": self.verification.to_dict()}
 
     @classmethod
-    def from_dict(cls, data: dict[str, Any]) -> "Variant":
+    def from_dict(cls, data: dict[str, Any]) -> Variant:
         """A variant from its (already schema-checked) JSON form."""
         return cls(**{**data, "verification": Verification.from_dict(data["verification"])})
 
@@ -130,7 +134,7 @@ class Manifest:
         return path
 
     @classmethod
-    def from_dict(cls, data: Any, where: str = MANIFEST_NAME) -> "Manifest":
+    def from_dict(cls, data: Any, where: str = MANIFEST_NAME) -> Manifest:
         """A manifest from its JSON form, validated first: repos are written by anyone.
 
         Raises :class:`~hub_export.errors.InputError` (one line) for anything that does not
@@ -147,7 +151,7 @@ class Manifest:
         )
 
     @classmethod
-    def parse(cls, text: str | bytes, where: str = MANIFEST_NAME) -> "Manifest":
+    def parse(cls, text: str | bytes, where: str = MANIFEST_NAME) -> Manifest:
         """A manifest from the text of a ``manifest.json``; ``where`` names it in errors."""
 
         try:
@@ -157,14 +161,14 @@ class Manifest:
         return cls.from_dict(data, where)
 
     @classmethod
-    def read(cls, folder: Path) -> "Manifest":
+    def read(cls, folder: Path) -> Manifest:
 
         path = Path(folder) / MANIFEST_NAME
         if not path.is_file():
             raise InputError(f"{Path(folder).name}/ has no {MANIFEST_NAME}; export into it with `hub-export export`")
         return cls.parse(path.read_bytes(), f"{Path(folder).name}/{MANIFEST_NAME}")
 
-    def merge(self, other: "Manifest") -> "Manifest":
+    def merge(self, other: Manifest) -> Manifest:
         """This manifest with ``other``'s variants added or replacing same-file ones."""
         by_file = {v.file: v for v in self.variants}
         by_file.update({v.file: v for v in other.variants})
@@ -232,7 +236,11 @@ def check_variant(where: str, index: int, data: Any) -> None:
     if data["qmode"] not in QMODES:
         raise _bad(where, f"{what}.qmode", f"is {repr(data['qmode'])[:40]}, not one of {', '.join(QMODES)}")
     if data["qembedding"] is not None and data["qembedding"] not in QEMBEDDINGS:
-        raise _bad(where, f"{what}.qembedding", f"is {repr(data['qembedding'])[:40]}, not null or one of {', '.join(QEMBEDDINGS)}")
+        raise _bad(
+            where,
+            f"{what}.qembedding",
+            f"is {repr(data['qembedding'])[:40]}, not null or one of {', '.join(QEMBEDDINGS)}",
+        )
     for name in ("group_size", "max_seq_len"):
         value = data[name]
         if not (value is None and name == "group_size") and not (_is_int(value) and 0 < value < 2**31):
@@ -289,8 +297,9 @@ def _check_memory(where: str, what: str, data: dict) -> None:
             raise _bad(where, f"{what}.kv_cache", "has an unknown dtype or sliding layout")
         for name in ("ring_slots", "attention_sink"):
             value = cache.get(name)
-            if value is not None and not (isinstance(value, list) and len(value) <= 8
-                                          and all(_is_int(v) and 0 <= v < 2**31 for v in value)):
+            if value is not None and not (
+                isinstance(value, list) and len(value) <= 8 and all(_is_int(v) and 0 <= v < 2**31 for v in value)
+            ):
                 raise _bad(where, f"{what}.kv_cache.{name}", "is not a short list of counts")
     if memory is not None:
         _check_type(where, f"{what}.runtime_memory", memory, dict, "an object")
@@ -315,18 +324,28 @@ def _check_recipe(where: str, what: str, recipe: Any) -> None:
     if set(recipe) - {"int4_scales", "mixed"}:
         raise _bad(where, what, f"has unknown key {sorted(set(recipe) - {'int4_scales', 'mixed'})[0][:40]!r}")
     if "int4_scales" in recipe and recipe["int4_scales"] not in INT4_SCALES:
-        raise _bad(where, f"{what}.int4_scales", f"is {repr(recipe['int4_scales'])[:40]}, not one of {', '.join(INT4_SCALES)}")
+        raise _bad(
+            where, f"{what}.int4_scales", f"is {repr(recipe['int4_scales'])[:40]}, not one of {', '.join(INT4_SCALES)}"
+        )
     mixed = recipe.get("mixed")
     if mixed is None:
         return
     _check_type(where, f"{what}.mixed", mixed, dict, "an object")
     layers = mixed.get("eight_bit", [])
-    if not isinstance(layers, list) or len(layers) > 100_000 or not all(
-            isinstance(name, str) and _LAYER_NAME.fullmatch(name) for name in layers):
+    if (
+        not isinstance(layers, list)
+        or len(layers) > 100_000
+        or not all(isinstance(name, str) and _LAYER_NAME.fullmatch(name) for name in layers)
+    ):
         raise _bad(where, f"{what}.mixed.eight_bit", "is not a list of layer names (letters, digits, '._')")
     for key in ("budget", "text"):
         value = mixed.get(key, "")
-        if not isinstance(value, str) or len(value) > 200 or not value.isprintable() or any(c in value for c in "<>[]`|"):
+        if (
+            not isinstance(value, str)
+            or len(value) > 200
+            or not value.isprintable()
+            or any(c in value for c in "<>[]`|")
+        ):
             raise _bad(where, f"{what}.mixed.{key}", "is not a short plain label")
 
 
@@ -394,8 +413,15 @@ def package_versions() -> dict[str, str]:
 
 # The widest integer-dot-product ISA decides which XNNPACK kernels run (an AVX-512 VNNI core runs the
 # 8da4w GEMMs about 3x faster than an AVX2 one here), so a speed figure names it; first match wins.
-_VECTOR_LEVELS = (("avx512_vnni", "AVX-512 VNNI"), ("avx512f", "AVX-512"), ("avx_vnni", "AVX-VNNI"),
-                  ("avx2", "AVX2"), ("i8mm", "NEON i8mm"), ("asimddp", "NEON dotprod"), ("asimd", "NEON"))
+_VECTOR_LEVELS = (
+    ("avx512_vnni", "AVX-512 VNNI"),
+    ("avx512f", "AVX-512"),
+    ("avx_vnni", "AVX-VNNI"),
+    ("avx2", "AVX2"),
+    ("i8mm", "NEON i8mm"),
+    ("asimddp", "NEON dotprod"),
+    ("asimd", "NEON"),
+)
 
 
 def machine_description(cpuinfo: str | None = None) -> str:
@@ -462,7 +488,7 @@ class Quality:
     kl: float | None = None  # mean KL from fp32
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Quality | None":
+    def from_dict(cls, data: Any) -> Quality | None:
         if not isinstance(data, dict):
             return None
         return cls(
@@ -493,14 +519,25 @@ def _figures(data: Any) -> dict[str, float] | None:
     """A task's figures from JSON: names of at most 64 characters to finite numbers; anything else dropped."""
     if not isinstance(data, dict):
         return None
-    kept = {name: _finite(value) for name, value in list(data.items())[:32] if isinstance(name, str) and len(name) <= 64}
+    kept = {
+        name: _finite(value) for name, value in list(data.items())[:32] if isinstance(name, str) and len(name) <= 64
+    }
     return {name: value for name, value in kept.items() if value is not None}
 
 
 _VERIFICATION_FLOATS = (
-    "mean_kl_vs_eager", "top1_agreement", "top1_within_ties", "max_kl", "min_top1", "max_abs_diff", "relative_l2",
-    "quant_max_abs_diff_vs_fp32", "quant_relative_l2_vs_fp32", "quant_top1_vs_fp32",
-    "runner_prefill_tokens_per_s", "runner_decode_tokens_per_s",
+    "mean_kl_vs_eager",
+    "top1_agreement",
+    "top1_within_ties",
+    "max_kl",
+    "min_top1",
+    "max_abs_diff",
+    "relative_l2",
+    "quant_max_abs_diff_vs_fp32",
+    "quant_relative_l2_vs_fp32",
+    "quant_top1_vs_fp32",
+    "runner_prefill_tokens_per_s",
+    "runner_decode_tokens_per_s",
 )
 
 
@@ -538,11 +575,11 @@ class Verification:
     figures: dict[str, float] | None = None
 
     @classmethod
-    def skipped_record(cls) -> "Verification":
+    def skipped_record(cls) -> Verification:
         return cls(skipped=True)
 
     @classmethod
-    def from_dict(cls, data: Any) -> "Verification":
+    def from_dict(cls, data: Any) -> Verification:
         """The record from its JSON form; figures of the wrong type (a hostile repo) are dropped."""
         if not isinstance(data, dict):
             return cls()
@@ -561,13 +598,17 @@ class Verification:
     def to_dict(self) -> dict[str, Any]:
         if self.skipped:
             return {"skipped": True}
-        data = {name: _rounded(value) for name, value in asdict(self).items()
-                if name not in ("skipped", "quality", "figures")}
+        data = {
+            name: _rounded(value)
+            for name, value in asdict(self).items()
+            if name not in ("skipped", "quality", "figures")
+        }
         data["quality"] = self.quality.to_dict() if self.quality is not None else None
         if self.figures is not None:
             # six digits: a cosine of 0.99994 must not read as 1
-            data["figures"] = {name: float(f"{value:.6g}") for name, value in self.figures.items()
-                               if math.isfinite(value)}
+            data["figures"] = {
+                name: float(f"{value:.6g}") for name, value in self.figures.items() if math.isfinite(value)
+            }
         return data
 
     @property
@@ -591,8 +632,10 @@ class Verification:
         """The card's quality cell: perplexity against fp32's, or an embedding's cosine to fp32's vectors."""
         if self.figures is not None and self.figures.get("mean_cosine_vs_fp32") is not None:
             figures = self.figures
-            return (f"cosine {figures['mean_cosine_vs_fp32']:.4f} (min {figures.get('min_cosine_vs_fp32', 0):.4f}), "
-                    f"neighbours {figures.get('retrieval_vs_fp32', 0):.0%}")
+            return (
+                f"cosine {figures['mean_cosine_vs_fp32']:.4f} (min {figures.get('min_cosine_vs_fp32', 0):.4f}), "
+                f"neighbours {figures.get('retrieval_vs_fp32', 0):.0%}"
+            )
         return self.quality.cell() if self.quality is not None else "n/a"
 
     def line(self) -> str:

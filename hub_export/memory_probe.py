@@ -33,8 +33,10 @@ def main() -> None:
     from executorch.runtime import Runtime
 
     root = Path(importlib.util.find_spec("executorch").submodule_search_locations[0])
-    for library in (*root.glob("extension/llm/custom_ops/*custom_ops_aot_lib.*"),
-                    *root.glob("kernels/quantized/*quantized_ops_aot_lib.*")):
+    for library in (
+        *root.glob("extension/llm/custom_ops/*custom_ops_aot_lib.*"),
+        *root.glob("kernels/quantized/*quantized_ops_aot_lib.*"),
+    ):
         torch.ops.load_library(str(library))
     request = sys.stdin.readline().split("\t") if sys.argv[1] == "-" else sys.argv[1:]
     if not request or not request[0].strip():
@@ -54,8 +56,15 @@ def main() -> None:
         forward.execute([torch.tensor([[position % vocab]]), torch.tensor([position])])
     seconds = time.perf_counter() - started
     peak = rss_kib()["VmHWM"]
-    print(json.dumps({"peak_rss_bytes": max(0, peak - before) * 1024, "context_tokens": length + extra,
-                      "seconds": round(seconds, 2)}))
+    print(
+        json.dumps(
+            {
+                "peak_rss_bytes": max(0, peak - before) * 1024,
+                "context_tokens": length + extra,
+                "seconds": round(seconds, 2),
+            }
+        )
+    )
 
 
 if __name__ == "__main__":

@@ -16,9 +16,10 @@ import contextlib
 import dataclasses
 import functools
 import logging
+from collections.abc import Callable, Iterator
 from dataclasses import dataclass
 from importlib import metadata
-from typing import Any, Callable, Iterator
+from typing import Any
 
 import torch
 
@@ -44,9 +45,12 @@ class Patch:
             _announced.add(self.name)
             log.warning(
                 "not applying the %s workaround: it was written for %s %s, this is %s (%s); %s",
-                self.name, self.package, " or ".join(v + "x" if v.endswith(".") else v for v in self.versions),
+                self.name,
+                self.package,
+                " or ".join(v + "x" if v.endswith(".") else v for v in self.versions),
                 installed or "not installed",
-                self.upstream, self.without,
+                self.upstream,
+                self.without,
             )
         return False
 
@@ -83,13 +87,13 @@ def _version(package: str) -> str | None:
         return None
 
 
-
-
 # -- settings and hooks that upstream keeps private ----------------------------------------
 
 
 EDGE_SETTINGS = Patch(
-    "edge compile settings", "executorch", ("1.5.",),
+    "edge compile settings",
+    "executorch",
+    ("1.5.",),
     "EdgeCompileConfig's private fields _check_ir_validity and _skip_dim_order",
     "the edge dialect's IR check refuses torchao's quantized ops, so quantized variants fail to lower",
 )
@@ -107,7 +111,9 @@ def edge_compile_config():
 
 
 WEIGHT_ONLY_LINEARS = Patch(
-    "weight-only linear partitioning", "executorch", ("1.5.",),
+    "weight-only linear partitioning",
+    "executorch",
+    ("1.5.",),
     "XNNPACK's internal LinearConfig.get_deps (executorch/backends/xnnpack/partition/config/gemm_configs.py)",
     "weight-only variants (4w, 8w) are lowered through a decomposition XNNPACK gets wrong and fail verification",
 )
@@ -144,7 +150,9 @@ def xnnpack_partitioner_configs() -> list:
 
 
 RAY_ATTEMPTS = Patch(
-    "Ray task attempt number", "ray", ("2.60.",),
+    "Ray task attempt number",
+    "ray",
+    ("2.60.",),
     "ray._private.worker.global_worker.core_worker.get_current_task_attempt_number (no public API says it)",
     "a variant build retried after its worker died is not counted as a retry in the progress and the batch summary",
 )
@@ -215,8 +223,14 @@ def _rmsnorm_4d(self, hidden_states: torch.Tensor) -> torch.Tensor:
     return self.weight * x.reshape(shape).to(input_dtype)
 
 
-@guarded("rmsnorm-4d", "transformers", ("5.",), upstream="the forward of Llama-style RMSNorm modules (variance_epsilon)",
-         without="norms stay outside XNNPACK and split every layer's delegate (slower decode)", otherwise=0)
+@guarded(
+    "rmsnorm-4d",
+    "transformers",
+    ("5.",),
+    upstream="the forward of Llama-style RMSNorm modules (variance_epsilon)",
+    without="norms stay outside XNNPACK and split every layer's delegate (slower decode)",
+    otherwise=0,
+)
 def delegable_norms(model: torch.nn.Module):
     """Temporarily route Llama-style RMSNorms through an XNNPACK-friendly formulation.
 
@@ -235,8 +249,14 @@ def delegable_norms(model: torch.nn.Module):
             del module.forward
 
 
-@guarded("rotate-half", "transformers", ("5.",), upstream="the modeling modules' global rotate_half",
-         without="rotary slices stay outside XNNPACK, splitting every layer's delegate (slower decode)", otherwise=False)
+@guarded(
+    "rotate-half",
+    "transformers",
+    ("5.",),
+    upstream="the modeling modules' global rotate_half",
+    without="rotary slices stay outside XNNPACK, splitting every layer's delegate (slower decode)",
+    otherwise=False,
+)
 def delegable_rotary(wrapped):
     """Temporarily swap ``rotate_half`` in the model's modeling module (export only).
 
@@ -270,8 +290,13 @@ def delegable_rotary(wrapped):
 # -- torch and ExecuTorch: lowering speed and memory ---------------------------------------
 
 
-@guarded("compiled-globals", "torch", ("2.13.",), upstream="torch._dynamo.functional_export's __compiled_fn_* globals",
-         without="each variant's traced graph stays in memory until the run ends")
+@guarded(
+    "compiled-globals",
+    "torch",
+    ("2.13.",),
+    upstream="torch._dynamo.functional_export's __compiled_fn_* globals",
+    without="each variant's traced graph stays in memory until the run ends",
+)
 def forget_compiled_globals():
     """Remove the ``__compiled_fn_*`` globals strict export leaves behind.
 
@@ -359,8 +384,13 @@ class CompactDependencyViewer:
         return _NodeBits(self._upstream.get(node, 0), self._nodes, self._index)
 
 
-@guarded("dependency-viewers", "executorch", ("1.5.",), upstream="the partitioners' _DependencyViewer",
-         without="partitioning holds far more memory on large graphs")
+@guarded(
+    "dependency-viewers",
+    "executorch",
+    ("1.5.",),
+    upstream="the partitioners' _DependencyViewer",
+    without="partitioning holds far more memory on large graphs",
+)
 def compact_dependency_viewers():
     """Use :class:`CompactDependencyViewer` in torch's and ExecuTorch's partitioners meanwhile."""
     import importlib
@@ -430,16 +460,26 @@ def _custom_meta_to_propagate(graph_module: torch.fx.GraphModule) -> bool:
     """Whether a quantize or dequantize node has a parent with ``meta["custom"]`` (what PropagateCustomMetaPass copies)."""
     from executorch.backends.xnnpack.utils.quant_utils import is_dequant, is_quant
 
-    return any((is_quant(node) or is_dequant(node)) and node.args and isinstance(node.args[0], torch.fx.Node)
-               and "custom" in node.args[0].meta for node in graph_module.graph.nodes)
+    return any(
+        (is_quant(node) or is_dequant(node))
+        and node.args
+        and isinstance(node.args[0], torch.fx.Node)
+        and "custom" in node.args[0].meta
+        for node in graph_module.graph.nodes
+    )
 
 
 def _graph_op_names(graph: torch.fx.Graph) -> set[str]:
     return {getattr(node.target, "__name__", str(node.target)) for node in graph.nodes if node.op == "call_function"}
 
 
-@guarded("idle-xnnpack-passes", "executorch", ("1.5.",), upstream="executorch's XNNPACKPassManager.transform",
-         without="every XNNPACK preprocess pass re-traces each partition (slower lowering)")
+@guarded(
+    "idle-xnnpack-passes",
+    "executorch",
+    ("1.5.",),
+    upstream="executorch's XNNPACKPassManager.transform",
+    without="every XNNPACK preprocess pass re-traces each partition (slower lowering)",
+)
 def skipping_idle_xnnpack_passes(on_partition: Callable[[], None] | None = None):
     """Meanwhile, XNNPACK's preprocess skips passes that cannot change the partition at hand.
 
@@ -485,8 +525,13 @@ def skipping_idle_xnnpack_passes(on_partition: Callable[[], None] | None = None)
         manager.transform = original
 
 
-@guarded("tracing-caches", "executorch", ("1.5.",), upstream="FakeTensorMode, is_same_node and torch.fx source caches",
-         without="lowered programs stay referenced until the process exits (more memory in multi-variant runs)")
+@guarded(
+    "tracing-caches",
+    "executorch",
+    ("1.5.",),
+    upstream="FakeTensorMode, is_same_node and torch.fx source caches",
+    without="lowered programs stay referenced until the process exits (more memory in multi-variant runs)",
+)
 def forgetting_tracing_caches():
     """On exit, drop what process-wide tracing caches still hold of the program lowered inside.
 
@@ -535,13 +580,19 @@ def _refused_nodes(program: torch.export.ExportedProgram, partitioner) -> list[t
     kept, claims = partitioner.ops_to_not_decompose(program)  # its check reads the program it is given
     if claims is None:
         return []
-    return [node for node in program.graph.nodes
-            if node.op == "call_function" and node.target in kept and not claims(node)]
+    return [
+        node for node in program.graph.nodes if node.op == "call_function" and node.target in kept and not claims(node)
+    ]
 
 
-@guarded("one-decomposition", "executorch", ("1.5.",),
-         upstream="to_edge_transform_and_lower's decomposition (three full re-traces of the program)",
-         without="lowering re-traces the whole program twice more (slower export)", otherwise=None)
+@guarded(
+    "one-decomposition",
+    "executorch",
+    ("1.5.",),
+    upstream="to_edge_transform_and_lower's decomposition (three full re-traces of the program)",
+    without="lowering re-traces the whole program twice more (slower export)",
+    otherwise=None,
+)
 def decomposing_once(program: torch.export.ExportedProgram, partitioner):
     """Meanwhile, yield ``program`` decomposed in one trace, ready for ``to_edge_transform_and_lower``.
 
@@ -593,8 +644,11 @@ def _tensor_slots(node: torch.fx.Node) -> list:
 
 
 def _operator_nodes(graph_module: torch.fx.GraphModule):
-    return (node for node in graph_module.graph.nodes
-            if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload))
+    return (
+        node
+        for node in graph_module.graph.nodes
+        if node.op == "call_function" and isinstance(node.target, torch._ops.OpOverload)
+    )
 
 
 def _example(graph_module: torch.fx.GraphModule, value):
@@ -616,8 +670,11 @@ def _views(graph_module) -> bool:
 
 def _symbols_as_tensors(graph_module) -> bool:
     symbols = (torch.SymInt, torch.SymFloat, torch.SymBool)
-    return any(isinstance(_example(graph_module, value), symbols)
-               for node in _operator_nodes(graph_module) for value in _tensor_slots(node))
+    return any(
+        isinstance(_example(graph_module, value), symbols)
+        for node in _operator_nodes(graph_module)
+        for value in _tensor_slots(node)
+    )
 
 
 def _mixed_types(graph_module) -> bool:
@@ -626,9 +683,14 @@ def _mixed_types(graph_module) -> bool:
 
     aten, default = torch.ops.aten, ELEMENTWISE_TYPE_PROMOTION_KIND.DEFAULT
     # The pass's own allow-list (executorch 1.5), which it keeps inside its call_operator.
-    kinds = {aten.add.Tensor: default, aten.mul.Tensor: default, aten.sub.Tensor: default,
-             aten.div.Tensor: ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT, aten.div.Tensor_mode: default,
-             aten.minimum.default: default}
+    kinds = {
+        aten.add.Tensor: default,
+        aten.mul.Tensor: default,
+        aten.sub.Tensor: default,
+        aten.div.Tensor: ELEMENTWISE_TYPE_PROMOTION_KIND.INT_TO_FLOAT,
+        aten.div.Tensor_mode: default,
+        aten.minimum.default: default,
+    }
     for node in _operator_nodes(graph_module):
         if node.target not in kinds or len(node.args) <= 1:
             continue
@@ -668,8 +730,13 @@ def _edge_pass_triggers() -> dict[type, Callable[[torch.fx.GraphModule], bool]]:
     }
 
 
-@guarded("idle-edge-passes", "executorch", ("1.5.",), upstream="executorch's ATen-to-Edge and dim-order passes",
-         without="five more re-traces of the whole program (slower lowering)")
+@guarded(
+    "idle-edge-passes",
+    "executorch",
+    ("1.5.",),
+    upstream="executorch's ATen-to-Edge and dim-order passes",
+    without="five more re-traces of the whole program (slower lowering)",
+)
 def skipping_idle_edge_passes():
     """Meanwhile, the ATen-to-Edge passes that would find nothing to rewrite are skipped.
 

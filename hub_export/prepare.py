@@ -12,15 +12,17 @@ from __future__ import annotations
 
 import json
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass, field, replace
 from pathlib import Path
-from typing import TYPE_CHECKING, Any, Callable
+from typing import TYPE_CHECKING, Any
 
-from . import archs, quantize, source as source_stage, tasks
+from . import archs, quantize, tasks
+from . import source as source_stage
+from .calibrate import MixedPlan, plan_mixed
 from .errors import ExportError, InputError, opt
 from .generate import chat_template
 from .options import ExportOptions
-from .calibrate import MixedPlan, plan_mixed
 
 if TYPE_CHECKING:
     from .calibrate import MixedPlan
@@ -55,8 +57,8 @@ class Prepared:
     record: dict  # the manifest's source record
     weight_bytes: int  # of the fp32 model: what sizes each variant build's memory
     files: dict[str, bytes]  # config and tokenizer files the export folder copies
-    reference: "Reference | None" = None
-    mixed_plan: "MixedPlan | None" = None
+    reference: Reference | None = None
+    mixed_plan: MixedPlan | None = None
     model: Any = field(default=None, repr=False, compare=False)  # in-process only; never pickled
 
     def __getstate__(self) -> dict:
@@ -96,13 +98,18 @@ def resolve_max_seq_len(config: dict, requested: int | None, sink: tuple[int, in
     limit = _max_positions(config)
     if sink is not None:
         if limit and sum(sink) > limit:
-            raise InputError(f"{opt('attention_sink')} {sink[0]},{sink[1]} needs {sum(sink)} positions; the model "
-                             f"has {limit}", param="attention_sink", hint="choose a smaller window")
+            raise InputError(
+                f"{opt('attention_sink')} {sink[0]},{sink[1]} needs {sum(sink)} positions; the model has {limit}",
+                param="attention_sink",
+                hint="choose a smaller window",
+            )
         return sum(sink)
     if requested is None:
         return min(limit or DEFAULT_MAX_SEQ_LEN, DEFAULT_MAX_SEQ_LEN)
     if limit and requested > limit:
-        raise InputError(f"{opt('max_seq_len')} {requested} is above the model's limit of {limit} positions", param="max_seq_len")
+        raise InputError(
+            f"{opt('max_seq_len')} {requested} is above the model's limit of {limit} positions", param="max_seq_len"
+        )
     return requested
 
 
@@ -141,8 +148,12 @@ def _source_record(src: source_stage.Source, model, task: tasks.Task) -> dict:
 
 def _check_encoder_options(options: ExportOptions, task: tasks.Task) -> None:
     """Refuse the decoder's options (KV cache, attention sink, shared embeddings) for ``task``."""
-    decoder_only = {"share_embeddings": options.share_embeddings, "attention_sink": options.attention_sink is not None,
-                    "kv_cache": options.kv_cache != "fp32", "sliding_cache": options.sliding_cache != "ring"}
+    decoder_only = {
+        "share_embeddings": options.share_embeddings,
+        "attention_sink": options.attention_sink is not None,
+        "kv_cache": options.kv_cache != "fp32",
+        "sliding_cache": options.sliding_cache != "ring",
+    }
     for name, given in decoder_only.items():
         if given:
             raise InputError(f"{opt(name)} applies to text generation, not {task.name}; drop it", param=name)
@@ -152,16 +163,19 @@ def _text_reference(model, src: source_stage.Source, seq_len: int, options: Expo
     from .build import token_ids  # torch-heavy, like every stage a run needs: loaded by the run
     from .verify import build_reference as build_text_reference
 
-    return build_text_reference(model, src.path / "tokenizer.json", seq_len, options.quality_tokens,
-                                token_ids(model)[0])
+    return build_text_reference(
+        model, src.path / "tokenizer.json", seq_len, options.quality_tokens, token_ids(model)[0]
+    )
 
 
 def _embedding_reference(model, src: source_stage.Source, seq_len: int, options: ExportOptions):
     # torch-heavy, like every stage a run needs: loaded by the run
-    from .embeddings import Pooling, SentenceEmbedder, build_reference as build_embedding_reference
+    from .embeddings import Pooling, SentenceEmbedder
+    from .embeddings import build_reference as build_embedding_reference
 
-    return build_embedding_reference(SentenceEmbedder(model, Pooling.of_folder(src.path)), src.path / "tokenizer.json",
-                                     seq_len)
+    return build_embedding_reference(
+        SentenceEmbedder(model, Pooling.of_folder(src.path)), src.path / "tokenizer.json", seq_len
+    )
 
 
 # What each task's variants are checked against, built once per run from the fp32 model.
@@ -208,7 +222,8 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
         elif options.share_embeddings and not ConfigView(config).tie_word_embeddings:
             raise InputError(
                 f"{request.source} does not tie its input and output embeddings, so {opt('share_embeddings')} has "
-                "nothing to share; drop the flag", param="share_embeddings",
+                "nothing to share; drop the flag",
+                param="share_embeddings",
             )
 
     say(f"resolving {request.source}", "resolve")
@@ -226,7 +241,6 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
         reference = _REFERENCES[task.name](model, src, seq_len, options)
     mixed_plan = None
     if any(quantize.QMODES[mode].calibrated for mode in options.qmodes):
-
         if options.calibration:
             say("measuring each linear layer's int4 sensitivity on the calibration text", "calibrate")
             mixed_plan = plan_mixed(model, src.path / "tokenizer.json", options, say)

@@ -19,7 +19,7 @@ Example:
 
 from __future__ import annotations
 
-from typing import Callable
+from collections.abc import Callable
 
 # Stages that count as a step of the job; anything else is a note within the current step.
 STEPS = ("resolve", "load", "reference", "calibrate", "quantize", "export", "lower", "verify", "check", "upload")

@@ -10,9 +10,9 @@ from __future__ import annotations
 
 import os
 import shutil
+from collections.abc import Iterator
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
 
 from .errors import HubError, InputError, VerificationError, opt
 from .hub import check_repo_id, hub_errors, resolve_endpoint
@@ -40,7 +40,6 @@ def list_variants(
     return _parse_manifest(path, repo_id)
 
 
-
 def _download_manifest(repo_id: str, revision: str | None, local_dir: str | None, endpoint: str, token) -> Path:
     from huggingface_hub import hf_hub_download
     from huggingface_hub.errors import EntryNotFoundError, LocalEntryNotFoundError
@@ -56,14 +55,12 @@ def _download_manifest(repo_id: str, revision: str | None, local_dir: str | None
     return Path(path)
 
 
-
 def _parse_manifest(path: Path, repo_id: str) -> Manifest:
     """The repo's manifest, validated (file names, qmodes, sizes, hashes) before anything uses it."""
     manifest = Manifest.parse(path.read_bytes(), f"{repo_id}/{MANIFEST_NAME}")
     if not manifest.variants:
         raise InputError(f"{repo_id} lists no variant in its {MANIFEST_NAME}")
     return manifest
-
 
 
 def pull(
@@ -97,11 +94,11 @@ def pull(
         return _pull_into(repo_id, variant, None, endpoint, token, revision)
     out = Path(output_dir)
     if out.exists() and not out.is_dir():
-        raise InputError(f"{opt('output')} {out.name} is a file, not a folder", hint="choose a folder to download to",
-                         param="output")
+        raise InputError(
+            f"{opt('output')} {out.name} is a file, not a folder", hint="choose a folder to download to", param="output"
+        )
     with _undo_on_failure(out):
         return _pull_into(repo_id, variant, str(out), endpoint, token, revision)
-
 
 
 @contextmanager
@@ -130,7 +127,6 @@ def _undo_on_failure(out: Path) -> Iterator[None]:
         raise
 
 
-
 def _remove_inside(folder: Path, name: str) -> None:
     """Remove ``folder/name`` (a file, link or folder), never anything outside ``folder``."""
     path = _inside(folder, name)
@@ -138,7 +134,6 @@ def _remove_inside(folder: Path, name: str) -> None:
         shutil.rmtree(path, ignore_errors=True)
     else:
         path.unlink(missing_ok=True)
-
 
 
 def _inside(folder: Path, name: str) -> Path:
@@ -152,7 +147,6 @@ def _inside(folder: Path, name: str) -> Path:
     if name in ("", ".", "..") or path.parent.resolve() != Path(folder).resolve():
         raise InputError(f"refusing to touch {name!r}: it is not a plain file name inside {Path(folder).name}/")
     return path
-
 
 
 def _pull_into(
@@ -186,7 +180,6 @@ def _pull_into(
     return folder
 
 
-
 def _check_download(path: Path, expected_sha256: str, repo_id: str, folder: Path) -> None:
     """Compare a downloaded variant file with the manifest; remove it (and its cache blob) on mismatch."""
     if not path.is_file():
@@ -199,7 +192,6 @@ def _check_download(path: Path, expected_sha256: str, repo_id: str, folder: Path
         f"sha256 mismatch for {path.name} from {repo_id}: got {actual}, the manifest says {expected_sha256}; "
         "the file was removed: the repo content is corrupt or was altered, do not use it"
     )
-
 
 
 def _remove_download(path: Path, folder: Path) -> None:
@@ -217,7 +209,6 @@ def _remove_download(path: Path, folder: Path) -> None:
     metadata = folder / ".cache" / "huggingface" / "download"
     if metadata.is_dir():
         _inside(metadata, f"{path.name}.metadata").unlink(missing_ok=True)
-
 
 
 def _is_cache_blob(target: Path, snapshot: Path) -> bool:

@@ -14,9 +14,10 @@ from __future__ import annotations
 import json
 import logging
 import tempfile
+from collections.abc import Callable, Sequence
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Sequence
+from typing import Any
 
 from . import card as card_module
 from .errors import HubError, InputError, VerificationError, opt
@@ -45,9 +46,7 @@ Progress = Callable[[str], None]
 CARD_NAME = card_module.CARD_NAME
 
 
-
 COMPANION_FILES = tuple(CONFIG_FILES) + tuple(TOKENIZER_FILES)
-
 
 
 @dataclass
@@ -84,7 +83,6 @@ class PushResult:
             return "nothing to push: the repo already has these files"
         where = self.pr_url or self.url
         return f"pushed {len(self.files)} file(s) to {where} in commit {self.commit_oid[:12]}"
-
 
 
 # Over 60 lines for its signature and docstring: the public entry point documents every argument and what it raises.
@@ -155,44 +153,73 @@ def push(
     if remote.manifest is not None and from_dir is None and not force and not dry_run:
         built = _already_built(remote.manifest, source, options, token, endpoint)
         if len(built) == len(options.qmodes):
-            return PushResult(repo_id, f"{endpoint.rstrip('/')}/{repo_id}", None, [],
-                              [v.file for v in remote.manifest.variants], unchanged=built,
-                              notes=["rebuilt nothing: pass --force to export and push again"])
+            return PushResult(
+                repo_id,
+                f"{endpoint.rstrip('/')}/{repo_id}",
+                None,
+                [],
+                [v.file for v in remote.manifest.variants],
+                unchanged=built,
+                notes=["rebuilt nothing: pass --force to export and push again"],
+            )
         options = _without_built(options, built, repo_id, say)
 
     with tempfile.TemporaryDirectory(prefix="hub-export-push-") as scratch:
         if folder is None:
             assert source is not None
             folder = Path(output_dir) if output_dir else Path(scratch) / "export"
-            local = export(source, folder, options, token=token, endpoint=endpoint, cache_dir=cache_dir, progress=say,
-                           engine=engine)
+            local = export(
+                source,
+                folder,
+                options,
+                token=token,
+                endpoint=endpoint,
+                cache_dir=cache_dir,
+                progress=say,
+                engine=engine,
+            )
         assert local is not None
         _check_folder(folder, local)
         card_data = _source_card_data(source_card, local, folder, source, token, endpoint)
-        payload, merged = _commit_payload(folder, local, card_data, remote, own_export=from_dir is None,
-                                          template=template, endpoint=endpoint, repo_id=repo_id)
-        return _publish(api, repo_id, payload, remote, local, merged, branch, private, create_pr, dry_run, endpoint, say)
+        payload, merged = _commit_payload(
+            folder,
+            local,
+            card_data,
+            remote,
+            own_export=from_dir is None,
+            template=template,
+            endpoint=endpoint,
+            repo_id=repo_id,
+        )
+        return _publish(
+            api, repo_id, payload, remote, local, merged, branch, private, create_pr, dry_run, endpoint, say
+        )
 
 
 def _declared_folder(folder: Path, options: ExportOptions) -> Manifest:
     """The manifest of an export folder given with ``from_dir``, with what the exporter declares now added."""
     local = Manifest.read(folder)
-    local.source = {**local.source, **card_module.declared_source(options.base_model, options.license,
-                                                                   options.model_name)}
+    local.source = {
+        **local.source,
+        **card_module.declared_source(options.base_model, options.license, options.model_name),
+    }
     return local
 
 
 def _without_built(options: ExportOptions, built: list[str], repo_id: str, say: Progress) -> ExportOptions:
     """``options`` less the variants the repo already holds built as asked (``built``), said to the user."""
     if built:
-        say(f"{repo_id} already holds {', '.join(built)} built from the same source revision with the same "
-            "options and tool versions; not rebuilding (--force rebuilds)")
-    missing = [q for q, name in zip(options.qmodes, options.variant_files()) if name not in built]
+        say(
+            f"{repo_id} already holds {', '.join(built)} built from the same source revision with the same "
+            "options and tool versions; not rebuilding (--force rebuilds)"
+        )
+    missing = [q for q, name in zip(options.qmodes, options.variant_files(), strict=False) if name not in built]
     return options_with(options, {"qmodes": tuple(missing)})
 
 
-def _checked_remote(api, repo_id: str, branch: str | None, exist_ok: bool, source_name: str | None, endpoint: str,
-                    say: Progress) -> RemoteRepo:
+def _checked_remote(
+    api, repo_id: str, branch: str | None, exist_ok: bool, source_name: str | None, endpoint: str, say: Progress
+) -> RemoteRepo:
     """The target repo as it is, refused early when it is not ours or holds another model."""
     if branch is not None:
         check_branch(branch)
@@ -200,16 +227,28 @@ def _checked_remote(api, repo_id: str, branch: str | None, exist_ok: bool, sourc
     remote = remote_state(api, repo_id, branch, endpoint)
     if remote.is_foreign and not exist_ok:
         raise InputError(
-            f"{repo_id} already exists and was not made by hub-export (no {MANIFEST_NAME})", param="repo_id",
-            hint=f"pass {opt('exist_ok')} to add the export to it", repo_id=repo_id, code="foreign_repo",
+            f"{repo_id} already exists and was not made by hub-export (no {MANIFEST_NAME})",
+            param="repo_id",
+            hint=f"pass {opt('exist_ok')} to add the export to it",
+            repo_id=repo_id,
+            code="foreign_repo",
         )
     if remote.manifest is not None:
         check_same_source(remote.manifest, source_name)  # before an export is wasted
     return remote
 
 
-def _commit_payload(folder: Path, local: Manifest, card_data: dict[str, Any], remote: RemoteRepo, *, own_export: bool,
-                    template, endpoint: str, repo_id: str) -> tuple[dict[str, Path | bytes], Manifest]:
+def _commit_payload(
+    folder: Path,
+    local: Manifest,
+    card_data: dict[str, Any],
+    remote: RemoteRepo,
+    *,
+    own_export: bool,
+    template,
+    endpoint: str,
+    repo_id: str,
+) -> tuple[dict[str, Path | bytes], Manifest]:
     """(what the commit holds, the manifest the repo will hold): the variants, companions, manifest and card."""
     if card_data:
         local.source = {**local.source, "card_data": card_data}
@@ -231,21 +270,25 @@ def _check_push_arguments(source, from_dir, output_dir, template) -> None:
         raise InputError(f"{opt('from_dir')} {Path(from_dir).name} is not a folder", param="from_dir")
     if output_dir is not None:
         if from_dir is not None:
-            raise InputError(f"{opt('output')} keeps a new export; with {opt('from_dir')} the export folder already "
-                             "exists", param="output")
+            raise InputError(
+                f"{opt('output')} keeps a new export; with {opt('from_dir')} the export folder already exists",
+                param="output",
+            )
         if Path(output_dir).exists() and any(Path(output_dir).iterdir()):
-            raise InputError(f"{Path(output_dir).name} is not empty", hint=f"choose another {opt('output')}",
-                             param="output")
+            raise InputError(
+                f"{Path(output_dir).name} is not empty", hint=f"choose another {opt('output')}", param="output"
+            )
     if template is not None and not Path(template).is_file():
-        raise InputError(f"template {Path(template).name} not found",
-                         hint=f"pass an existing file to {opt('template')}", param="template")
-
+        raise InputError(
+            f"template {Path(template).name} not found",
+            hint=f"pass an existing file to {opt('template')}",
+            param="template",
+        )
 
 
 def _source_name(source: str | None, gguf_file: str | None = None) -> str:
     """The source id the export will record: the folder's name, a local GGUF's model name, or the repo id."""
     return display_name(source, gguf_file)
-
 
 
 def _already_built(remote: Manifest, source: str | None, options: ExportOptions, token, endpoint) -> list[str]:
@@ -262,13 +305,15 @@ def _already_built(remote: Manifest, source: str | None, options: ExportOptions,
     if {k: v for k, v in declared.items() if v is not None} != wanted_declared:
         return []  # the card would say something else
     by_file = {v.file: v for v in remote.variants}
-    built = [name for qmode, name in zip(options.qmodes, options.variant_files())
-             if name in by_file and by_file[name].built_as(qmode, options)]
+    built = [
+        name
+        for qmode, name in zip(options.qmodes, options.variant_files(), strict=False)
+        if name in by_file and by_file[name].built_as(qmode, options)
+    ]
     if not built:
         return []
     fingerprint = peek_fingerprint(source, options.gguf_file, options.revision, token, endpoint)
     return built if fingerprint and fingerprint == remote.source.get("fingerprint") else []
-
 
 
 def _check_folder(folder: Path, manifest: Manifest) -> None:
@@ -293,7 +338,6 @@ def _check_folder(folder: Path, manifest: Manifest) -> None:
                 )
     if not (folder / "tokenizer.json").is_file():
         raise InputError(f"{folder.name}/ has no tokenizer.json; the runners need it: export again")
-
 
 
 def _source_card_data(
@@ -329,7 +373,6 @@ def _source_card_data(
     return card_module.read_source_card(folder)
 
 
-
 def _base_model_card(repo_id: str, token, endpoint: str) -> dict[str, Any]:
     """The card data of the model named with ``--base-model``, or ``{}`` when it cannot be read.
 
@@ -341,7 +384,6 @@ def _base_model_card(repo_id: str, token, endpoint: str) -> dict[str, Any]:
     except HubError as error:
         log.info("no card data from base model %s: %s", repo_id, error)
         return {}
-
 
 
 def _hub_source_card(repo_id: str, revision: str | None, token, endpoint: str) -> dict[str, Any]:
@@ -356,15 +398,15 @@ def _hub_source_card(repo_id: str, revision: str | None, token, endpoint: str) -
     return card_module.read_source_card(path)
 
 
-
 def check_same_source(remote: Manifest, source_id: str | None) -> None:
     """One repo, one source model: variants of another model would share its tokenizer and card."""
     if remote.source.get("id") != source_id:
         raise InputError(
-            f"the repo holds exports of {remote.source.get('id')!r}, not {source_id!r}", hint="push to another repo",
-            param="repo_id", code="other_source",
+            f"the repo holds exports of {remote.source.get('id')!r}, not {source_id!r}",
+            hint="push to another repo",
+            param="repo_id",
+            code="other_source",
         )
-
 
 
 def _merge(remote: Manifest | None, local: Manifest) -> Manifest:
@@ -381,7 +423,6 @@ def _merge(remote: Manifest | None, local: Manifest) -> Manifest:
     return merged
 
 
-
 def _payload(folder: Path, local: Manifest, merged: Manifest, card_text: str) -> dict[str, Path | bytes]:
     """Path in repo -> content: this export's variants, the companion files, manifest and card."""
     files: dict[str, Path | bytes] = {name: folder / name for v in local.variants for name, _ in v.files()}
@@ -396,16 +437,13 @@ def _payload(folder: Path, local: Manifest, merged: Manifest, card_text: str) ->
     return files
 
 
-
 def _size(content: Path | bytes) -> int:
     return content.stat().st_size if isinstance(content, Path) else len(content)
-
 
 
 def _commit_message(variants: Sequence[Variant]) -> str:
     listed = ", ".join(f"{v.file} ({v.qmode}{'+emb' + v.qembedding if v.qembedding else ''})" for v in variants)
     return f"Add ExecuTorch variants: {listed}"[:200]
-
 
 
 def _commit_description(local: Manifest, merged: Manifest) -> str:
@@ -414,7 +452,6 @@ def _commit_description(local: Manifest, merged: Manifest) -> str:
         lines.append(f"- {v.file}: {v.verification.line()}; max context {v.max_seq_len}")
     lines.append(f"Variants in the repo after this commit: {', '.join(v.file for v in merged.variants)}.")
     return "\n".join(lines)
-
 
 
 def _publish(
@@ -477,7 +514,6 @@ def _publish(
     result.commit_oid = info.oid
     result.pr_url = info.pr_url
     return result
-
 
 
 def _content(content: Path | bytes) -> str | bytes:

@@ -8,8 +8,10 @@ fresh copy of the fp32 model, so every variant starts from the unquantized weigh
 from __future__ import annotations
 
 import logging
+from collections.abc import Callable
 from dataclasses import dataclass
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
+
 from .errors import InputError, opt
 
 if TYPE_CHECKING:
@@ -129,8 +131,15 @@ QMODES: dict[str, QMode] = {
         QMode("fp32", "no quantization (float32 weights)", 32, False, None, relative_cost=0.4),
         QMode("8da4w", "int8 dynamic activations, int4 grouped weights", 4, True, _dynamic_act(4)),
         QMode("8da8w", "int8 dynamic activations, int8 per-channel weights", 8, False, _dynamic_act(8)),
-        QMode("mixed", "int8 dynamic activations, int4 grouped weights, the most sensitive layers int8 (calibrated)",
-              4, True, _dynamic_act(4), relative_cost=1.1, calibrated=True),
+        QMode(
+            "mixed",
+            "int8 dynamic activations, int4 grouped weights, the most sensitive layers int8 (calibrated)",
+            4,
+            True,
+            _dynamic_act(4),
+            relative_cost=1.1,
+            calibrated=True,
+        ),
         QMode("4w", "float32 activations, int4 per-channel weights", 4, False, _weight_only(4), True, 0.5),
         QMode("8w", "float32 activations, int8 per-channel weights", 8, False, _weight_only(8), True, 0.5),
     )
@@ -157,7 +166,10 @@ def _granularity(grouped: bool, group_size: int):
 
 
 def quantize_linears(
-    model: "nn.Module", qmode: str, group_size: int = DEFAULT_GROUP_SIZE, exclude: tuple = (),
+    model: nn.Module,
+    qmode: str,
+    group_size: int = DEFAULT_GROUP_SIZE,
+    exclude: tuple = (),
     recipe: Recipe = Recipe(),
 ) -> list[str]:
     """Quantize every ``nn.Linear`` of ``model`` but those in ``exclude``, in place.
@@ -196,8 +208,11 @@ def quantize_linears(
         return _is_linear(module) and fqn in fallback_set
 
     if eight_bit:
-        quantize_(model, _dynamic_act(8)(_granularity(False, group_size)),
-                  filter_fn=lambda module, fqn: _is_linear(module) and fqn in eight_bit and _kept(module, exclude))
+        quantize_(
+            model,
+            _dynamic_act(8)(_granularity(False, group_size)),
+            filter_fn=lambda module, fqn: _is_linear(module) and fqn in eight_bit and _kept(module, exclude),
+        )
     quantize_(model, mode.config(_granularity(mode.grouped, group_size), recipe.scales), filter_fn=grouped)
     if fallback:
         quantize_(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=per_channel)
@@ -208,7 +223,7 @@ def quantize_linears(
     return fallback
 
 
-def quantize_embeddings(model: "nn.Module", qembedding: str | None) -> None:
+def quantize_embeddings(model: nn.Module, qembedding: str | None) -> None:
     """Quantize the token embedding(s) weight-only, per row (``4w`` or ``8w``)."""
     if not qembedding:
         return
@@ -218,7 +233,7 @@ def quantize_embeddings(model: "nn.Module", qembedding: str | None) -> None:
     quantize_(model, config, filter_fn=lambda module, fqn: _is_embedding(module))
 
 
-def drop_padding_index(model: "nn.Module") -> None:
+def drop_padding_index(model: nn.Module) -> None:
     """Clear ``padding_idx`` on every embedding of ``model``.
 
     ``padding_idx`` only stops gradients to that row; the forward pass looks the row up
@@ -238,7 +253,7 @@ SHAREABLE_QMODES = ("8da4w", "8da8w", "8w")
 
 
 def quantize_model(
-    model: "nn.Module",
+    model: nn.Module,
     qmode: str,
     qembedding: str | None = None,
     group_size: int = DEFAULT_GROUP_SIZE,
@@ -283,5 +298,6 @@ def validate(qmodes: list[str], qembedding: str | None, group_size: int) -> None
     if group_size <= 0 or group_size % 32:
         raise InputError(
             f"{opt('group_size')} must be a positive multiple of 32 (got {group_size}), as XNNPACK's int4 kernels require; "
-            "32 is typical", param="group_size",
+            "32 is typical",
+            param="group_size",
         )

@@ -20,7 +20,7 @@ def main() -> None:
     data = sys.argv[5] if len(sys.argv) > 5 else None
     prompt = sys.stdin.buffer.read().decode()
     # Registers custom_sdpa, update_cache and the quantized embedding kernels with the runtime.
-    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    import executorch.extension.llm.custom_ops.custom_ops
     import executorch.kernels.quantized  # noqa: F401
     from executorch.extension.llm.runner import GenerationConfig, TextLLMRunner
 

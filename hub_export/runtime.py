@@ -35,7 +35,7 @@ REDO = "the file is damaged or not an ExecuTorch program: export it again, or pu
 def _load_kernels() -> None:
     # Registers quantized_decomposed::embedding_{byte,4bit} kernels with the runtime
     # (quantized embeddings) and the llama custom ops (custom_sdpa, update_cache).
-    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    import executorch.extension.llm.custom_ops.custom_ops
     import executorch.kernels.quantized  # noqa: F401
 
 
@@ -58,7 +58,6 @@ def quiet_native_output():
             os.dup2(saved[1], 2)
             for fd in saved:
                 os.close(fd)
-
 
 
 class PteModel:
@@ -91,7 +90,9 @@ class PteModel:
             with quiet_native_output():
                 outputs = self.method.execute(inputs)
         except (RuntimeError, ValueError) as error:  # the binding's word for a failed method
-            raise VerificationError(f"{self.path.name} failed in the ExecuTorch runtime ({first_line(error)})") from None
+            raise VerificationError(
+                f"{self.path.name} failed in the ExecuTorch runtime ({first_line(error)})"
+            ) from None
         if not outputs or not isinstance(outputs[0], torch.Tensor):
             raise VerificationError(f"{self.path.name} returned no tensor")
         return outputs[0]
@@ -106,7 +107,9 @@ class PteModel:
         output = self.run([input_ids, positions])
         vocab = self.metadata.get("get_vocab_size")
         if output.dim() < 1 or (vocab and output.shape[-1] != int(vocab)):
-            raise VerificationError(f"{self.path.name} returned {tuple(output.shape)}, not logits over its {vocab} tokens")
+            raise VerificationError(
+                f"{self.path.name} returned {tuple(output.shape)}, not logits over its {vocab} tokens"
+            )
         return output.reshape(-1, output.shape[-1])[-1]
 
 
@@ -130,7 +133,9 @@ def _read_metadata(program) -> dict:
             continue
         with quiet_native_output():
             result = program.load_method(name).execute([])
-        values[name] = [int(v) if not isinstance(v, bool) else v for v in result] if name.endswith("_ids") else result[0]
+        values[name] = (
+            [int(v) if not isinstance(v, bool) else v for v in result] if name.endswith("_ids") else result[0]
+        )
     return values
 
 
@@ -254,9 +259,11 @@ def _probe_child(pte: Path, data_path, read_end: int, write_end: int) -> None:
         os.dup2(devnull, 1)
         os.dup2(devnull, 2)
         _open_program(pte, data_path)
-    except BaseException as error:  # noqa: BLE001 - the parent gets the message
-        message = str(error) if isinstance(error, VerificationError) else (
-            f"{pte.name} cannot be loaded by the ExecuTorch runtime ({type(error).__name__}: {error})"
+    except BaseException as error:
+        message = (
+            str(error)
+            if isinstance(error, VerificationError)
+            else (f"{pte.name} cannot be loaded by the ExecuTorch runtime ({type(error).__name__}: {error})")
         )
         os.write(write_end, " ".join(message.split())[:1000].encode("utf-8", "replace"))
         code = 3
@@ -312,9 +319,14 @@ def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens
         command = [sys.executable, str(RUNNER_PROBE), str(pte), str(tokenizer_json), str(int(max_new_tokens)), str(out)]
         try:
             # stdout: the runner prints the tokens it generates, bytes that need not be UTF-8
-            done = subprocess.run([*command, *([str(data)] if data else [])], input=prompt.encode(),
-                                  stdout=subprocess.DEVNULL, stderr=subprocess.PIPE, env=pte_process_env(),
-                                  timeout=RUNNER_TIMEOUT_S)
+            done = subprocess.run(
+                [*command, *([str(data)] if data else [])],
+                input=prompt.encode(),
+                stdout=subprocess.DEVNULL,
+                stderr=subprocess.PIPE,
+                env=pte_process_env(),
+                timeout=RUNNER_TIMEOUT_S,
+            )
         except subprocess.TimeoutExpired:
             raise VerificationError(f"the runner did not finish within {RUNNER_TIMEOUT_S:.0f} s") from None
         if done.returncode != 0 or not out.is_file():
@@ -346,9 +358,14 @@ class MemoryProbe:
     def __init__(self) -> None:
         self.process = None
         if Path("/proc/self/clear_refs").exists():
-            self.process = subprocess.Popen([sys.executable, str(MEMORY_PROBE), "-"], stdin=subprocess.PIPE,
-                                            stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True,
-                                            env=pte_process_env())
+            self.process = subprocess.Popen(
+                [sys.executable, str(MEMORY_PROBE), "-"],
+                stdin=subprocess.PIPE,
+                stdout=subprocess.PIPE,
+                stderr=subprocess.DEVNULL,
+                text=True,
+                env=pte_process_env(),
+            )
 
     def measure(self, pte: str | Path, extra_tokens: int = 0) -> dict | None:
         """The peak RSS growth while running ``pte`` to full context (plus ``extra_tokens``), or None."""
@@ -370,7 +387,7 @@ class MemoryProbe:
             self.process.wait()
         self.process = None
 
-    def __enter__(self) -> "MemoryProbe":
+    def __enter__(self) -> MemoryProbe:
         return self
 
     def __exit__(self, *exc) -> None:

@@ -22,8 +22,12 @@ from .manifest import sha256_file
 CONFIG_FILES = ["config.json", "generation_config.json"]
 # sentence-transformers' description of an embedding model: which pooling, whether normalised,
 # its sequence length. Read at export (the pooling goes into the .pte), not copied.
-SENTENCE_FILES = ["modules.json", "sentence_bert_config.json", "config_sentence_transformers.json",
-                  "1_Pooling/config.json"]
+SENTENCE_FILES = [
+    "modules.json",
+    "sentence_bert_config.json",
+    "config_sentence_transformers.json",
+    "1_Pooling/config.json",
+]
 WEIGHT_PATTERNS = ["*.safetensors", "model.safetensors.index.json"]
 PICKLE_PATTERNS = ["pytorch_model*.bin", "pytorch_model.bin.index.json"]
 TOKENIZER_FILES = [
@@ -89,7 +93,8 @@ def _select_files(names: list[str], allow_pickle: bool, where: str) -> list[str]
         if not allow_pickle:
             raise InputError(
                 f"{where} only has pickle weights ({pickles[0]}), which can run code when loaded; "
-                f"pass {opt('allow_pickle')} if you trust the source", param="allow_pickle",
+                f"pass {opt('allow_pickle')} if you trust the source",
+                param="allow_pickle",
             )
         weights = pickles
     wanted = [n for n in names if n in CONFIG_FILES or n in TOKENIZER_FILES or n in SENTENCE_FILES or n == CARD_FILE]
@@ -192,7 +197,9 @@ def _folder_digest(folder: Path) -> str:
     import hashlib
 
     digest = hashlib.sha256()
-    for path in sorted(p for p in folder.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(folder).parts)):
+    for path in sorted(
+        p for p in folder.rglob("*") if p.is_file() and not any(x.startswith(".") for x in p.relative_to(folder).parts)
+    ):
         digest.update(f"{path.relative_to(folder).as_posix()}\0{sha256_file(path)}\n".encode())
     return digest.hexdigest()
 
@@ -206,8 +213,9 @@ def fingerprint(src: Source) -> str:
     return f"files:{_folder_digest(src.path)}"
 
 
-def peek_fingerprint(source: str, gguf_file: str | None, revision: str | None, token: str | None,
-                     endpoint: str | None) -> str | None:
+def peek_fingerprint(
+    source: str, gguf_file: str | None, revision: str | None, token: str | None, endpoint: str | None
+) -> str | None:
     """:func:`fingerprint` of ``source`` without downloading or converting it (``None`` if it cannot tell)."""
 
     local = Path(source).expanduser()

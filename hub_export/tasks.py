@@ -61,10 +61,15 @@ FEATURE_EXTRACTION = Task(
 TASKS: dict[str, Task] = {task.name: task for task in (TEXT_GENERATION, FEATURE_EXTRACTION)}
 
 # Heads of architectures that belong to a task none of TASKS implements yet: refused by name.
-_OTHER_HEADS = {"ForMaskedLM": "fill-mask", "ForSequenceClassification": "text-classification",
-                "ForTokenClassification": "token-classification", "ForImageClassification": "image-classification",
-                "ForConditionalGeneration": "text2text-generation or a multimodal task",
-                "ForSpeechSeq2Seq": "automatic-speech-recognition", "ForQuestionAnswering": "question-answering"}
+_OTHER_HEADS = {
+    "ForMaskedLM": "fill-mask",
+    "ForSequenceClassification": "text-classification",
+    "ForTokenClassification": "token-classification",
+    "ForImageClassification": "image-classification",
+    "ForConditionalGeneration": "text2text-generation or a multimodal task",
+    "ForSpeechSeq2Seq": "automatic-speech-recognition",
+    "ForQuestionAnswering": "question-answering",
+}
 
 
 def task_for(config: dict, requested: str | None = None) -> Task:
@@ -90,8 +95,10 @@ def task_for(config: dict, requested: str | None = None) -> Task:
             return FEATURE_EXTRACTION
         for head, task in _OTHER_HEADS.items():
             if architecture.endswith(head):
-                raise InputError(f"{architecture} is a {task} model, which hub-export does not export yet; "
-                                 f"supported tasks: {', '.join(TASKS)} (see `hub-export archs`)")
+                raise InputError(
+                    f"{architecture} is a {task} model, which hub-export does not export yet; "
+                    f"supported tasks: {', '.join(TASKS)} (see `hub-export archs`)"
+                )
     return TEXT_GENERATION  # no architecture named: the decoder checks say what is missing
 
 
@@ -99,5 +106,7 @@ def check_qmodes(task: Task, qmodes: tuple[str, ...] | list[str]) -> None:
     """Refuse qmodes that make no sense for ``task`` (the calibrated ``mixed`` plan is a decoder's)."""
     others = [mode for mode in qmodes if mode not in task.qmodes]
     if others:
-        raise InputError(f"{opt('qmodes')} {', '.join(others)} does not apply to {task.name}; choose from "
-                         f"{', '.join(task.qmodes)}", param="qmodes")
+        raise InputError(
+            f"{opt('qmodes')} {', '.join(others)} does not apply to {task.name}; choose from {', '.join(task.qmodes)}",
+            param="qmodes",
+        )

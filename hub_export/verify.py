@@ -71,15 +71,17 @@ class TokenStats:
     target_logprobs: torch.Tensor  # [positions] float32 (empty when there is no target)
 
     @classmethod
-    def of(cls, logits: torch.Tensor, targets: torch.Tensor | None = None, k: int = TOP_K) -> "TokenStats":
+    def of(cls, logits: torch.Tensor, targets: torch.Tensor | None = None, k: int = TOP_K) -> TokenStats:
         logprobs = torch.log_softmax(logits.float(), dim=-1)
         top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
         target = logprobs.gather(-1, targets.view(-1, 1)).squeeze(-1) if targets is not None else torch.empty(0)
         return cls(top.indices, top.values, target)
 
     @classmethod
-    def concat(cls, parts: list["TokenStats"]) -> "TokenStats":
-        return cls(*(torch.cat([getattr(p, name) for p in parts]) for name in ("top_ids", "top_logprobs", "target_logprobs")))
+    def concat(cls, parts: list[TokenStats]) -> TokenStats:
+        return cls(
+            *(torch.cat([getattr(p, name) for p in parts]) for name in ("top_ids", "top_logprobs", "target_logprobs"))
+        )
 
     @property
     def argmax(self) -> torch.Tensor:
@@ -156,8 +158,9 @@ def _bos_prefix(tokenizer, bos_id: int | None) -> list[int]:
     return [bos_id] if bos_id is not None and probe and probe[0] == bos_id else []
 
 
-def build_sequences(tokenizer_json: Path, max_seq_len: int, quality_tokens: int, bos_id: int | None = None,
-                    model=None) -> Sequences:
+def build_sequences(
+    tokenizer_json: Path, max_seq_len: int, quality_tokens: int, bos_id: int | None = None, model=None
+) -> Sequences:
     """Tokenize the prompt (extended greedily by ``model``) and cut the evaluation text into windows."""
     from tokenizers import Tokenizer
 
@@ -201,8 +204,13 @@ def _text_stats(model, windows: list[torch.Tensor]) -> TokenStats | None:
     return TokenStats.concat(parts)
 
 
-def build_reference(model, tokenizer_json: Path, max_seq_len: int, quality_tokens: int = DEFAULT_QUALITY_TOKENS,
-                    bos_id: int | None = None) -> Reference:
+def build_reference(
+    model,
+    tokenizer_json: Path,
+    max_seq_len: int,
+    quality_tokens: int = DEFAULT_QUALITY_TOKENS,
+    bos_id: int | None = None,
+) -> Reference:
     """The sequences and fp32 eager's view of them (``model`` is the unquantized model)."""
     sequences = build_sequences(tokenizer_json, max_seq_len, quality_tokens, bos_id, model)
     prompt_logits = _eager_logits(model, sequences.prompt_tokens)[sequences.prompt_len - 1 :]
@@ -270,8 +278,9 @@ class _TextRun:
     finite: bool = True
 
 
-def _runtime_text(pte: PteModel, windows: list[torch.Tensor], fp32: TokenStats | None,
-                  eager: TokenStats | None) -> _TextRun | None:
+def _runtime_text(
+    pte: PteModel, windows: list[torch.Tensor], fp32: TokenStats | None, eager: TokenStats | None
+) -> _TextRun | None:
     """Run every evaluation window through the runtime, keeping only what the figures need."""
     if not windows:
         return None
@@ -291,8 +300,9 @@ def _runtime_text(pte: PteModel, windows: list[torch.Tensor], fp32: TokenStats |
                 eager_gap.append(lp.max() - lp[eager.argmax[index]])
             index += 1
     stack = lambda rows: torch.stack(rows) if rows else None  # noqa: E731
-    return _TextRun(torch.stack(argmax), torch.stack(target_lp), stack(fp32_top), stack(eager_top),
-                    stack(eager_gap), finite)
+    return _TextRun(
+        torch.stack(argmax), torch.stack(target_lp), stack(fp32_top), stack(eager_top), stack(eager_gap), finite
+    )
 
 
 def _quality(text_name: str, run: _TextRun, fp32: TokenStats) -> Quality:
@@ -321,18 +331,29 @@ class _Judgement:
             quant_top1_vs_fp32=_top1(eager, fp32_logits),
         )
         self.limits = dict(max_kl=MAX_MEAN_KL[kind], min_top1=MIN_TOP1[kind])
-        self.figures = dict(positions=eager.shape[0], mean_kl_vs_eager=float("nan"), top1_agreement=0.0,
-                            top1_within_ties=0.0, max_abs_diff=float("nan"), relative_l2=float("nan"))
+        self.figures = dict(
+            positions=eager.shape[0],
+            mean_kl_vs_eager=float("nan"),
+            top1_agreement=0.0,
+            top1_within_ties=0.0,
+            max_abs_diff=float("nan"),
+            relative_l2=float("nan"),
+        )
 
-    def result(self, passed: bool, failure: str | None = None, runner: dict | None = None,
-               quality: Quality | None = None) -> Verification:
+    def result(
+        self, passed: bool, failure: str | None = None, runner: dict | None = None, quality: Quality | None = None
+    ) -> Verification:
         runner = runner or {}
         return Verification(
-            passed, **self.figures, **self.limits, **self.quant,
+            passed,
+            **self.figures,
+            **self.limits,
+            **self.quant,
             runner_generated_tokens=int(runner.get("generated_tokens", 0)),
             runner_prefill_tokens_per_s=runner.get("prefill_token_per_sec"),
             runner_decode_tokens_per_s=runner.get("decode_token_per_sec"),
-            failure=failure, quality=quality,
+            failure=failure,
+            quality=quality,
         )
 
 
@@ -395,8 +416,12 @@ def _agreement(prompt_rows: torch.Tensor, expected: Expected, text: _TextRun | N
     gaps = [prompt_logprobs.max(-1).values - prompt_logprobs.gather(-1, eager_prompt.argmax.view(-1, 1)).squeeze(-1)]
     if text is not None and text.eager_top is not None:
         judged = text.eager_top.shape[0]
-        kl.append(kl_rows(TokenStats(expected.text.top_ids[:judged], expected.text.top_logprobs[:judged], torch.empty(0)),
-                          text.eager_top))
+        kl.append(
+            kl_rows(
+                TokenStats(expected.text.top_ids[:judged], expected.text.top_logprobs[:judged], torch.empty(0)),
+                text.eager_top,
+            )
+        )
         agree.append(text.argmax[:judged] == expected.text.argmax[:judged])
         gaps.append(text.eager_gap)
     kl_all, gap_all = torch.cat(kl), torch.cat(gaps)
@@ -415,11 +440,15 @@ def _failure(judgement: _Judgement, kind: str) -> str | None:
     figures, limits = judgement.figures, judgement.limits
     kl, top1 = figures["mean_kl_vs_eager"], figures["top1_within_ties"]
     if kl > limits["max_kl"]:
-        return (f"mean KL from eager {kl:.3g} exceeds {limits['max_kl']:.3g} over {figures['positions']} positions "
-                f"(top-1 agreement {top1:.0%})")
+        return (
+            f"mean KL from eager {kl:.3g} exceeds {limits['max_kl']:.3g} over {figures['positions']} positions "
+            f"(top-1 agreement {top1:.0%})"
+        )
     if top1 < limits["min_top1"]:
-        return (f"top-1 agreement with eager {top1:.0%} (near-ties counted) is below "
-                f"{limits['min_top1']:.0%} over {figures['positions']} positions")
+        return (
+            f"top-1 agreement with eager {top1:.0%} (near-ties counted) is below "
+            f"{limits['min_top1']:.0%} over {figures['positions']} positions"
+        )
     bound = FP32_MAX_ABS * max(judgement.scale, 1.0)
     if kind == "fp32" and figures["max_abs_diff"] > bound:
         return f"max abs logit diff {figures['max_abs_diff']:.3g} exceeds {bound:.3g} for a float32 file"

@@ -20,12 +20,11 @@ input's quantization.
 
 from __future__ import annotations
 
+# Registers torch.ops.quantized_decomposed.* (the ops ExecuTorch's quantizer emits), through its public package.
+import executorch.exir  # noqa: F401
 import torch
 import torch.nn.functional as F
 from torch import nn
-
-# Registers torch.ops.quantized_decomposed.* (the ops ExecuTorch's quantizer emits), through its public package.
-import executorch.exir  # noqa: F401
 
 
 class WeightOnlyLinear(nn.Module):

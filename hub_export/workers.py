@@ -22,9 +22,10 @@ import os
 import queue
 import time
 import traceback
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
-from typing import TYPE_CHECKING, Callable
+from typing import TYPE_CHECKING
 
 from .errors import ExportError, HubExportError, opt
 from .options import ExportOptions
@@ -52,14 +53,14 @@ class VariantJob:
 
     index: int
     qmode: str
-    src: "Source"
+    src: Source
     options: ExportOptions
     max_seq_len: int
     workdir: Path
-    reference: "Reference | None"
+    reference: Reference | None
     threads: int
     quiet: bool
-    mixed_plan: "MixedPlan | None" = None
+    mixed_plan: MixedPlan | None = None
 
 
 def usable_cpus() -> int:
@@ -109,7 +110,7 @@ def portable(exc: BaseException) -> BaseException:
     return RuntimeError(f"a worker process failed:\n{remote}")
 
 
-def build_job(job: VariantJob, say: Callable[..., None]) -> "Variant":
+def build_job(job: VariantJob, say: Callable[..., None]) -> Variant:
     """Build ``job``'s variant in this process from its checkpoint (what every engine's worker runs)."""
     # torch and the build stages load here, in the worker: the parent that spawns workers never needs them.
     import torch
@@ -119,8 +120,9 @@ def build_job(job: VariantJob, say: Callable[..., None]) -> "Variant":
 
     torch.set_num_threads(job.threads)
     map_large_allocations()
-    run = RunState(None, job.src, job.options, job.max_seq_len, job.workdir, job.reference, say=say,
-                   mixed_plan=job.mixed_plan)
+    run = RunState(
+        None, job.src, job.options, job.max_seq_len, job.workdir, job.reference, say=say, mixed_plan=job.mixed_plan
+    )
     run.model = load_model(job.src.path, job.options.trust_remote_code, run.task)
     return build_variant(run, job.qmode, last=True)
 
@@ -138,14 +140,16 @@ def _work(job: VariantJob, messages) -> None:
         package_log.setLevel(logging.INFO)
         variant = build_job(job, say=lambda *event: messages.put(("say", job.index, event)))
         messages.put(("done", job.index, variant))
-    except BaseException as exc:  # noqa: BLE001 - everything goes back to the parent
+    except BaseException as exc:
         messages.put(("error", job.index, portable(exc)))
 
 
 # --- in the parent -----------------------------------------------------------------
 
 
-def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[..., None], retries: int = 0) -> list["Variant"]:
+def export_in_workers(
+    jobs: list[VariantJob], workers: int, say: Callable[..., None], retries: int = 0
+) -> list[Variant]:
     """Build ``jobs`` in at most ``workers`` processes at once; variants come back in job order.
 
     A worker that dies without a word (killed, out of memory) is started again up to
@@ -159,14 +163,16 @@ def export_in_workers(jobs: list[VariantJob], workers: int, say: Callable[..., N
     pending = sorted(jobs, key=lambda job: -QMODES[job.qmode].relative_cost)
     by_index = {job.index: job for job in jobs}
     running: dict[int, multiprocessing.process.BaseProcess] = {}
-    results: dict[int, "Variant"] = {}
+    results: dict[int, Variant] = {}
     silent: dict[int, float] = {}
     deaths: dict[int, int] = {}
     try:
         while pending or running:
             while pending and len(running) < workers:
                 job = pending.pop(0)
-                process = context.Process(target=_work, args=(job, messages), name=f"hub-export {job.qmode}", daemon=True)
+                process = context.Process(
+                    target=_work, args=(job, messages), name=f"hub-export {job.qmode}", daemon=True
+                )
                 process.start()
                 running[job.index] = process
             for index, code in _dead(running, silent):
@@ -207,8 +213,12 @@ def _retry_or_fail(job: VariantJob, code: int | None, deaths: int, retries: int,
             f"the worker exporting {job.qmode} exited with code {code} without a result "
             f"{_times(deaths)}(out of memory?); rerun with {opt('jobs')} 1 to export one variant at a time"
         )
-    say(f"the worker exporting {job.qmode} exited with code {code} without a result; starting it again "
-        f"(retry {deaths} of {retries})", "retry", job.qmode)
+    say(
+        f"the worker exporting {job.qmode} exited with code {code} without a result; starting it again "
+        f"(retry {deaths} of {retries})",
+        "retry",
+        job.qmode,
+    )
 
 
 def _times(count: int) -> str:

@@ -29,7 +29,7 @@ ATTENTION_NAME = "hub_export_custom_sdpa"
 def _load_custom_ops() -> None:
     # Importing registers llama::custom_sdpa / llama::update_cache with torch, and the
     # out variants of the quantized_decomposed per-token ops an int8 cache lowers to.
-    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+    import executorch.extension.llm.custom_ops.custom_ops
     import executorch.kernels.quantized  # noqa: F401
 
 
@@ -45,8 +45,10 @@ def custom_sdpa_attention(
     layout = kv_cache.current_cache().layout
     layer = layout.layers[module.layer_idx]
     if sliding_window and not layout.unbounded and layer.window != sliding_window and layer.slots > sliding_window:
-        raise RuntimeError(f"layer {module.layer_idx} slides over {sliding_window} positions but its cache "
-                           f"was planned for {layer.window}")
+        raise RuntimeError(
+            f"layer {module.layer_idx} slides over {sliding_window} positions but its cache "
+            f"was planned for {layer.window}"
+        )
     return kv_cache.attend(module, query, key, value, scaling, sliding_window, softcap), None
 
 
@@ -169,8 +171,8 @@ def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
         seq = torch.export.Dim("seq", min=1, max=max_prefill)
         dynamic = ({1: seq}, {0: seq})
     with torch.no_grad(), delegable_norms(wrapped.model), delegable_rotary(wrapped), forget_compiled_globals():
-        program = torch.export.export(wrapped, example, dynamic_shapes=dynamic, strict=needs_strict_tracing(wrapped.layout))
+        program = torch.export.export(
+            wrapped, example, dynamic_shapes=dynamic, strict=needs_strict_tracing(wrapped.layout)
+        )
     wrapped.cache.reset()
     return program
-
-

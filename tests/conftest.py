@@ -46,11 +46,13 @@ def exported_multi(tmp_path_factory, tiny_model) -> Path:
 
     out = tmp_path_factory.mktemp("exports") / "tiny-multi"
     events = []
-    export(str(tiny_model), out, qmodes=["8da4w", "fp32"], qembedding="8w", max_seq_len=64, jobs=2,
-           progress=events.append)
+    export(
+        str(tiny_model), out, qmodes=["8da4w", "fp32"], qembedding="8w", max_seq_len=64, jobs=2, progress=events.append
+    )
     # Kept beside the folder for the progress test: the export's own stream, from two worker processes.
     (out.parent / "tiny-multi-progress.json").write_text(
-        json.dumps([[str(e), e.stage, e.variant, e.done, e.total] for e in events]))
+        json.dumps([[str(e), e.stage, e.variant, e.done, e.total] for e in events])
+    )
     return out
 
 

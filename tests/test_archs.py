@@ -19,8 +19,16 @@ from hub_export.demo import build_tiny_model
 
 VOCAB = 512
 COMMON = dict(
-    vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=256, bos_token_id=None, eos_token_id=0, pad_token_id=0,
+    vocab_size=VOCAB,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=None,
+    eos_token_id=0,
+    pad_token_id=0,
 )
 WINDOW = 8
 
@@ -31,8 +39,13 @@ def _configs() -> dict[str, object]:
         "llama": lambda: t.LlamaConfig(
             **COMMON,
             tie_word_embeddings=True,
-            rope_scaling={"rope_type": "llama3", "factor": 8.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
-                          "original_max_position_embeddings": 64},
+            rope_scaling={
+                "rope_type": "llama3",
+                "factor": 8.0,
+                "low_freq_factor": 1.0,
+                "high_freq_factor": 4.0,
+                "original_max_position_embeddings": 64,
+            },
         ),
         "qwen2": lambda: t.Qwen2Config(**COMMON, tie_word_embeddings=True),
         "qwen3": lambda: t.Qwen3Config(**{**COMMON, "num_key_value_heads": 1}, head_dim=32),
@@ -51,8 +64,15 @@ def _configs() -> dict[str, object]:
             vocab_size=VOCAB, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0
         ),
         "gpt_neox": lambda: t.GPTNeoXConfig(
-            vocab_size=VOCAB, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-            max_position_embeddings=256, rotary_pct=0.25, bos_token_id=0, eos_token_id=0,
+            vocab_size=VOCAB,
+            hidden_size=64,
+            intermediate_size=128,
+            num_hidden_layers=2,
+            num_attention_heads=4,
+            max_position_embeddings=256,
+            rotary_pct=0.25,
+            bos_token_id=0,
+            eos_token_id=0,
         ),
     }
 
@@ -126,8 +146,12 @@ def _greedy_eager(model_dir: Path, prompt: list[int], new_tokens: int) -> list[i
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
     with torch.no_grad():
         out = model.generate(
-            torch.tensor([prompt]), max_new_tokens=new_tokens, min_new_tokens=new_tokens, do_sample=False,
-            eos_token_id=None, pad_token_id=0,
+            torch.tensor([prompt]),
+            max_new_tokens=new_tokens,
+            min_new_tokens=new_tokens,
+            do_sample=False,
+            eos_token_id=None,
+            pad_token_id=0,
         )
     return out[0, len(prompt) :].tolist()
 
@@ -135,9 +159,10 @@ def _greedy_eager(model_dir: Path, prompt: list[int], new_tokens: int) -> list[i
 SLIDING = {"gemma3_text": True, "gemma2": False, "mistral": False, "starcoder2": False}
 
 
-@pytest.mark.parametrize("model_type", [m for m in SLIDING if SLIDING[m]] + [
-    pytest.param(m, marks=pytest.mark.slow) for m in SLIDING if not SLIDING[m]
-])
+@pytest.mark.parametrize(
+    "model_type",
+    [m for m in SLIDING if SLIDING[m]] + [pytest.param(m, marks=pytest.mark.slow) for m in SLIDING if not SLIDING[m]],
+)
 def test_sliding_window_decodes_past_the_window_like_eager(model_type, family_exports):
     """Greedy decoding to 4x the window matches eager transformers token for token."""
     root = family_exports(model_type)
@@ -154,8 +179,12 @@ def test_long_context_rope_is_refused_past_its_original_context(tmp_path, capsys
     config = transformers.Phi3Config(
         **COMMON,
         original_max_position_embeddings=64,
-        rope_scaling={"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
-                      "original_max_position_embeddings": 64},
+        rope_scaling={
+            "rope_type": "longrope",
+            "short_factor": [1.0] * 8,
+            "long_factor": [4.0] * 8,
+            "original_max_position_embeddings": 64,
+        },
     )
     model = build_tiny_model(tmp_path / "phi-long", config=config)
     code, _, err = run_cli(["export", str(model), "-o", str(tmp_path / "out"), "--max-seq-len", "128"], capsys)
@@ -167,6 +196,20 @@ def test_long_context_rope_is_refused_past_its_original_context(tmp_path, capsys
 
 def test_registry_rows_name_every_family():
     names = [f.name for f in FAMILIES]
-    for expected in ("Llama", "Qwen2", "Qwen3", "Mistral", "Phi-3", "Gemma 2", "Gemma 3", "SmolLM3", "OLMo 2",
-                     "Granite", "StableLM", "Starcoder2", "GPT-2", "GPT-NeoX"):
+    for expected in (
+        "Llama",
+        "Qwen2",
+        "Qwen3",
+        "Mistral",
+        "Phi-3",
+        "Gemma 2",
+        "Gemma 3",
+        "SmolLM3",
+        "OLMo 2",
+        "Granite",
+        "StableLM",
+        "Starcoder2",
+        "GPT-2",
+        "GPT-NeoX",
+    ):
         assert any(expected in name for name in names), expected

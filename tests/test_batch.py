@@ -80,14 +80,19 @@ def test_a_failed_job_fails_its_own_repo_only_and_the_run_says_so(local_hub, tin
         f"  - {{source: {tiny_model}, repo: alice/batch-survivor}}\n"
     )
     seen: list[str] = []
-    states = run_batch(jobs, token=local_hub.alice_token, endpoint=local_hub.endpoint,
-                       on_event=lambda state, line: seen.append(f"{state.job.repo_id}: {line}"))
+    states = run_batch(
+        jobs,
+        token=local_hub.alice_token,
+        endpoint=local_hub.endpoint,
+        on_event=lambda state, line: seen.append(f"{state.job.repo_id}: {line}"),
+    )
     assert [s.state for s in states] == ["failed", "pushed"]
     assert "alice/no-such-model" in states[0].error and "\n" not in states[0].error
     assert local_hub.alice_token not in states[0].error + "".join(seen)
     assert not local_hub.api(local_hub.alice_token).repo_exists("alice/never-made")
     assert [v.file for v in list_variants("alice/batch-survivor", endpoint=local_hub.endpoint).variants] == [
-        "model-fp32.pte"]
+        "model-fp32.pte"
+    ]
     assert summary(states) == "2 job(s): 1 pushed, 1 failed"
     assert any(line.startswith("alice/batch-survivor: [model-fp32.pte] verifying") for line in seen)
 

@@ -50,8 +50,15 @@ def _variant(qmode: str, *, verified: bool = True, qembedding: str | None = None
             "min_top1": 0.8,
             "max_abs_diff": 0.00406,
             "top1_agreement": 1.0,
-            "quality": {"text": "eval_en.txt", "tokens": 2048, "perplexity": 33.68, "fp32_perplexity": 22.39,
-                        "ratio": 1.504, "top1": 0.604, "kl": 0.4685},
+            "quality": {
+                "text": "eval_en.txt",
+                "tokens": 2048,
+                "perplexity": 33.68,
+                "fp32_perplexity": 22.39,
+                "ratio": 1.504,
+                "top1": 0.604,
+                "kl": 0.4685,
+            },
             "quant_max_abs_diff_vs_fp32": 0.0627,
             "quant_top1_vs_fp32": 0.889,
             "runner_generated_tokens": 15,
@@ -86,7 +93,13 @@ def _manifest(*, local: bool = False, variants: list[Variant] | None = None) -> 
             "architecture": "LlamaForCausalLM",
             "num_parameters": 106816,
         },
-        versions={"torch": "2.13.0", "executorch": "1.5.1", "torchao": "0.18.0", "transformers": "5.24.0", "hub-export": "0.1.0"},
+        versions={
+            "torch": "2.13.0",
+            "executorch": "1.5.1",
+            "torchao": "0.18.0",
+            "transformers": "5.24.0",
+            "hub-export": "0.1.0",
+        },
         variants=variants or [_variant("8da4w", qembedding="8w"), _variant("fp32")],
         command="hub-export export acme/Tiny-Llama --qmode 8da4w --qembedding 8w --qmode fp32 --max-seq-len 64",
         machine="Test CPU, 2 cores, Linux x86_64",
@@ -99,7 +112,9 @@ def _data(card: str) -> dict:
 
 def test_front_matter_key_by_key(tmp_path: Path) -> None:
     (tmp_path / "README.md").write_text(SOURCE_CARD)
-    card = render_card(_manifest(), read_source_card(tmp_path), endpoint=ENDPOINT, repo_id="alice/Tiny-Llama-ExecuTorch")
+    card = render_card(
+        _manifest(), read_source_card(tmp_path), endpoint=ENDPOINT, repo_id="alice/Tiny-Llama-ExecuTorch"
+    )
 
     assert card.startswith("---\n")
     data = _data(card)
@@ -131,7 +146,16 @@ def test_body_has_variants_usage_reproduction_and_limitations() -> None:
     body = ModelCard(card).text
 
     row = next(line for line in body.splitlines() if line.startswith("| `model-8da4w-emb8w.pte`"))
-    for figure in ("8da4w (group 32)", "8w", "235.8 KB", "64 tokens", "33.7 (1.50x fp32)", "60%", "0.024 / 100%", "2800 / 1500"):
+    for figure in (
+        "8da4w (group 32)",
+        "8w",
+        "235.8 KB",
+        "64 tokens",
+        "33.7 (1.50x fp32)",
+        "60%",
+        "0.024 / 100%",
+        "2800 / 1500",
+    ):
         assert figure in row
     assert "| `model-fp32.pte` | fp32 | none |" in body
     assert "Test CPU, 2 cores, Linux x86_64" in body  # the machine the tokens/s were measured on
@@ -226,7 +250,9 @@ def _reproduce_block(card: str) -> str:
 
 
 def test_declared_base_model_names_links_and_licenses_a_local_export() -> None:
-    manifest = _local_manifest(base_model="acme/Tiny-Llama-Instruct", license="apache-2.0", model_name="Tiny Llama Chat")
+    manifest = _local_manifest(
+        base_model="acme/Tiny-Llama-Instruct", license="apache-2.0", model_name="Tiny Llama Chat"
+    )
     card = render_card(manifest, {"license": "mit", "language": ["en"]}, endpoint=ENDPOINT, repo_id="alice/tiny-et")
 
     data = _data(card)

@@ -42,10 +42,21 @@ def test_every_option_field_is_a_flag_of_the_commands_that_take_it() -> None:
 
 def test_the_reproduce_command_parses_back_to_the_same_options(monkeypatch) -> None:
     options = ExportOptions(
-        qmodes=("8da4w", "mixed"), qembedding="8w", group_size=64, max_seq_len=128, quality_tokens=256,
-        int4_scales="minmax", max_size_ratio=1.2, max_ppl_ratio=1.3,
-        gguf_file="model.Q4_0.gguf", base_model="acme/Base", license="mit", model_name="Tiny Chat", revision="v1",
-        trust_remote_code=True, allow_pickle=True,
+        qmodes=("8da4w", "mixed"),
+        qembedding="8w",
+        group_size=64,
+        max_seq_len=128,
+        quality_tokens=256,
+        int4_scales="minmax",
+        max_size_ratio=1.2,
+        max_ppl_ratio=1.3,
+        gguf_file="model.Q4_0.gguf",
+        base_model="acme/Base",
+        license="mit",
+        model_name="Tiny Chat",
+        revision="v1",
+        trust_remote_code=True,
+        allow_pickle=True,
     )
     command = options.command("acme/model")
     assert command.startswith("hub-export export acme/model --base-model acme/Base --license mit")
@@ -93,8 +104,9 @@ def test_the_local_hub_is_an_extra_with_a_clear_message(monkeypatch) -> None:
 
 
 def test_a_bug_in_hub_export_says_so_and_keeps_its_traceback(monkeypatch, tmp_path, capsys) -> None:
-    import hub_export.cli
     from helpers import run_cli
+
+    import hub_export.cli
 
     def broken_table():
         return {}["a key hub-export forgot, next to the token hf_secretsecretsecretsecret"]

@@ -76,7 +76,7 @@ def _functions(tree: ast.AST):
 def test_siblings_imported_inside_a_function_say_why() -> None:
     modules = _modules()
     unexplained = []
-    for name, path in modules.items():
+    for path in modules.values():
         lines = path.read_text().splitlines()
         tree = ast.parse(path.read_text())
         for function in _functions(tree):
@@ -97,5 +97,7 @@ def test_no_function_over_60_lines_without_a_reason() -> None:
             first = min([function.lineno, *(d.lineno for d in function.decorator_list)])
             length = function.end_lineno - function.lineno + 1
             if length > MAX_FUNCTION_LINES and LONG_FUNCTION_REASON not in lines[first - 2]:
-                too_long.append(f"{path.relative_to(PACKAGE.parent)}:{function.lineno} {function.name} ({length} lines)")
+                too_long.append(
+                    f"{path.relative_to(PACKAGE.parent)}:{function.lineno} {function.name} ({length} lines)"
+                )
     assert too_long == []

@@ -46,10 +46,20 @@ def test_the_readme_speaks_to_users():
         assert command in readme
     assert len(readme.splitlines()) < 250
     history = re.compile(r"\b(stops? \d+|issues? #?\d+|(this|one|earlier|previous|last) session)\b", re.IGNORECASE)
-    texts = [ROOT / "README.md", *(ROOT / "docs").glob("*.md"), *(ROOT / "hub_export").rglob("*.py"),
-             *(ROOT / "space").glob("*"), *(ROOT / "tests").glob("*.py"), *(ROOT / "benchmarks").rglob("*.md")]
-    found = [f"{path.relative_to(ROOT)}: {match[0]}" for path in texts if path.is_file() and path != Path(__file__)
-             for match in history.finditer(path.read_text(errors="replace"))]
+    texts = [
+        ROOT / "README.md",
+        *(ROOT / "docs").glob("*.md"),
+        *(ROOT / "hub_export").rglob("*.py"),
+        *(ROOT / "space").glob("*"),
+        *(ROOT / "tests").glob("*.py"),
+        *(ROOT / "benchmarks").rglob("*.md"),
+    ]
+    found = [
+        f"{path.relative_to(ROOT)}: {match[0]}"
+        for path in texts
+        if path.is_file() and path != Path(__file__)
+        for match in history.finditer(path.read_text(errors="replace"))
+    ]
     assert found == []
 
 

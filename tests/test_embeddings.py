@@ -8,8 +8,8 @@ from pathlib import Path
 
 import pytest
 import torch
-
 from helpers import error_line, run_cli
+
 from hub_export.embeddings import Pooling, SentenceEmbedder, compare, eval_sentences, retrieval_agreement
 from hub_export.errors import InputError
 from hub_export.options import ExportOptions
@@ -37,8 +37,12 @@ def exported_bert(tmp_path_factory, tiny_bert) -> Path:
 
 @pytest.mark.parametrize(
     ("architectures", "task"),
-    [(["BertModel"], "feature-extraction"), (["XLMRobertaModel"], "feature-extraction"),
-     (["LlamaForCausalLM"], "text-generation"), (["GPT2LMHeadModel"], "text-generation")],
+    [
+        (["BertModel"], "feature-extraction"),
+        (["XLMRobertaModel"], "feature-extraction"),
+        (["LlamaForCausalLM"], "text-generation"),
+        (["GPT2LMHeadModel"], "text-generation"),
+    ],
 )
 def test_the_task_is_read_from_the_architecture(architectures, task) -> None:
     assert task_for({"architectures": architectures, "model_type": "x"}).name == task
@@ -49,7 +53,8 @@ def test_a_task_not_exported_yet_is_refused_by_name() -> None:
         task_for({"architectures": ["BertForMaskedLM"], "model_type": "bert"})
     assert str(refused.value) == (
         "BertForMaskedLM is a fill-mask model, which hub-export does not export yet; supported tasks: "
-        "text-generation, feature-extraction (see `hub-export archs`)")
+        "text-generation, feature-extraction (see `hub-export archs`)"
+    )
 
 
 def test_decoder_only_qmodes_are_refused_for_embeddings() -> None:
@@ -58,8 +63,10 @@ def test_decoder_only_qmodes_are_refused_for_embeddings() -> None:
 
 
 def _sentence_transformers_folder(tmp_path: Path, pooling: dict, normalize: bool) -> Path:
-    modules = [{"type": "sentence_transformers.models.Transformer", "path": ""},
-               {"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"}]
+    modules = [
+        {"type": "sentence_transformers.models.Transformer", "path": ""},
+        {"type": "sentence_transformers.models.Pooling", "path": "1_Pooling"},
+    ]
     modules += [{"type": "sentence_transformers.models.Normalize", "path": "2_Normalize"}] if normalize else []
     (tmp_path / "modules.json").write_text(json.dumps(modules))
     (tmp_path / "1_Pooling").mkdir()
@@ -69,9 +76,11 @@ def _sentence_transformers_folder(tmp_path: Path, pooling: dict, normalize: bool
 
 @pytest.mark.parametrize(
     ("pooling", "normalize", "expected"),
-    [({"pooling_mode_mean_tokens": True}, True, Pooling("mean", True)),
-     ({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, False, Pooling("cls", False)),
-     ({"pooling_mode_max_tokens": True}, True, Pooling("max", True))],
+    [
+        ({"pooling_mode_mean_tokens": True}, True, Pooling("mean", True)),
+        ({"pooling_mode_cls_token": True, "pooling_mode_mean_tokens": False}, False, Pooling("cls", False)),
+        ({"pooling_mode_max_tokens": True}, True, Pooling("max", True)),
+    ],
 )
 def test_pooling_comes_from_the_sentence_transformers_config(tmp_path, pooling, normalize, expected) -> None:
     assert Pooling.of_folder(_sentence_transformers_folder(tmp_path, pooling, normalize)) == expected
@@ -148,8 +157,12 @@ def test_the_pte_reproduces_the_eager_model_and_its_pooling(exported_bert, tiny_
 
     tokenizer = Tokenizer.from_file(str(tiny_bert / "tokenizer.json"))
     with torch.no_grad():
-        eager = torch.cat([eager_model(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
-                           for ids in (tokenizer.encode(text).ids for text in texts)])
+        eager = torch.cat(
+            [
+                eager_model(torch.tensor([ids]), torch.ones(1, len(ids), dtype=torch.long))
+                for ids in (tokenizer.encode(text).ids for text in texts)
+            ]
+        )
     # The fp32 file with an 8-bit table: close to eager, and unit length as the config says.
     assert torch.nn.functional.cosine_similarity(result.vectors, eager).min() > 0.99
     assert torch.allclose(result.vectors.norm(dim=-1), torch.ones(3), atol=1e-4)
@@ -175,7 +188,8 @@ def test_embed_prints_similarities_and_json_vectors_in_order(exported_bert, caps
 def test_the_wrong_file_for_the_verb_is_one_line(exported_bert, exported_multi, capsys) -> None:
     code, _, err = run_cli(["generate", str(exported_bert), "--prompt", "hi"], capsys)
     assert code == 2 and "is a sentence-embedding file, which does not generate text; use `hub-export embed`" in (
-        error_line(err))
+        error_line(err)
+    )
     code, _, err = run_cli(["embed", str(exported_multi), "hello"], capsys)
     assert code == 2 and "is not a sentence-embedding file" in error_line(err)
 

@@ -7,10 +7,9 @@ import shutil
 from pathlib import Path
 
 import pytest
-
 from helpers import error_line, run_cli
-from hub_export.manifest import Manifest, sha256_file
 
+from hub_export.manifest import Manifest, sha256_file
 
 # --- a two-variant export (8da4w with 8-bit embeddings, fp32) of a tied model -------------
 
@@ -18,7 +17,13 @@ from hub_export.manifest import Manifest, sha256_file
 def test_export_writes_every_variant_with_tokenizer_and_manifest(exported_multi):
     names = sorted(p.name for p in exported_multi.iterdir())
     assert "model-8da4w-emb8w.pte" in names and "model-fp32-emb8w.pte" in names
-    for required in ("tokenizer.json", "tokenizer_config.json", "config.json", "generation_config.json", "manifest.json"):
+    for required in (
+        "tokenizer.json",
+        "tokenizer_config.json",
+        "config.json",
+        "generation_config.json",
+        "manifest.json",
+    ):
         assert required in names
     assert "chat_template" in json.loads((exported_multi / "tokenizer_config.json").read_text())
     assert not [n for n in exported_multi.parent.iterdir() if ".partial-" in n.name]
@@ -116,11 +121,9 @@ def test_progress_is_a_stream_of_counted_stages(exported_multi):
 
 
 def test_generate_streams_utf8_text_and_reports_speed(exported_multi):
-    from hub_export.generate import generate
-
     from tokenizers import Tokenizer
 
-    from hub_export.generate import stream_generate
+    from hub_export.generate import generate, stream_generate
 
     pte = exported_multi / "model-8da4w-emb8w.pte"
     pieces: list[str] = []
@@ -140,7 +143,8 @@ def test_generate_streams_utf8_text_and_reports_speed(exported_multi):
 
 def test_generate_cli_prints_text_and_tokens_per_second(exported_multi, capsys):
     code, out, err = run_cli(
-        ["generate", str(exported_multi), "--variant", "fp32", "-p", "Once upon a time", "--max-new-tokens", "12"], capsys
+        ["generate", str(exported_multi), "--variant", "fp32", "-p", "Once upon a time", "--max-new-tokens", "12"],
+        capsys,
     )
     assert code == 0, err
     assert "prefill" in err and "decode" in err and "tok/s" in err
@@ -167,7 +171,9 @@ def test_8da8w_and_grouped_fallback_with_4bit_embeddings(untied_odd_model, tmp_p
     from hub_export.export import export
 
     with caplog.at_level("WARNING"):
-        manifest = export(str(untied_odd_model), tmp_path / "out", qmodes=["8da8w", "8da4w"], qembedding="4w", max_seq_len=48)
+        manifest = export(
+            str(untied_odd_model), tmp_path / "out", qmodes=["8da8w", "8da4w"], qembedding="4w", max_seq_len=48
+        )
     by_mode = {v.qmode: v for v in manifest.variants}
     assert by_mode["8da8w"].verification.passed and by_mode["8da4w"].verification.passed
     assert by_mode["8da8w"].per_channel_fallback == []  # per-channel already
@@ -286,8 +292,7 @@ def test_verification_fails_on_a_corrupted_pte(exported_multi, tiny_model, tmp_p
     assert result.failure and ("KL" in result.failure or "runtime" in result.failure or "exceeds" in result.failure)
 
 
-def test_verification_tells_a_bug_in_hub_export_from_a_broken_file(exported_multi, tiny_model, tmp_path,
-                                                                   monkeypatch):
+def test_verification_tells_a_bug_in_hub_export_from_a_broken_file(exported_multi, tiny_model, tmp_path, monkeypatch):
     import hub_export.verify as verify_module
     from hub_export.build import load_model
     from hub_export.errors import InternalError, VerificationError
@@ -306,7 +311,8 @@ def test_verification_tells_a_bug_in_hub_export_from_a_broken_file(exported_mult
     monkeypatch.setattr(verify_module, "_pte_rows", file_fails)
     result = verify(pte, expected, reference, tiny_model / "tokenizer.json", "fp32")
     assert not result.passed and result.failure == (
-        "runtime error: model-fp32-emb8w.pte failed in the ExecuTorch runtime (Error 0x12)")
+        "runtime error: model-fp32-emb8w.pte failed in the ExecuTorch runtime (Error 0x12)"
+    )
     assert not (tmp_path / "logs").exists()
 
     def hub_export_bug(*args, **kwargs):
@@ -436,8 +442,13 @@ def test_export_from_the_hub_records_repo_and_commit(local_hub, hub_model, tmp_p
 
     repo_id, commit = hub_model
     manifest = export(
-        repo_id, tmp_path / "out", qmodes=["fp32"], max_seq_len=32, endpoint=local_hub.endpoint,
-        token=local_hub.alice_token, cache_dir=tmp_path / "cache",
+        repo_id,
+        tmp_path / "out",
+        qmodes=["fp32"],
+        max_seq_len=32,
+        endpoint=local_hub.endpoint,
+        token=local_hub.alice_token,
+        cache_dir=tmp_path / "cache",
     )
     assert manifest.source["id"] == repo_id and manifest.source["revision"] == commit
     assert manifest.variants[0].verification.passed
@@ -447,10 +458,20 @@ def test_export_from_the_hub_records_repo_and_commit(local_hub, hub_model, tmp_p
 
 HUB_ERRORS = {
     "repo not found": ("alice/nope", "alice", 3, "not found on"),
-    "private repo, other user": ("alice/tiny-source", "bob", 3, "for a private repo use a token that can read it (--token"),
+    "private repo, other user": (
+        "alice/tiny-source",
+        "bob",
+        3,
+        "for a private repo use a token that can read it (--token",
+    ),
     "private repo, anonymous": ("alice/tiny-source", None, 3, "not found on"),
     "revision not found": ("alice/tiny-source", "alice", 3, "revision 'v9' not found"),
-    "gated repo, no access": ("alice/tiny-gated", "bob", 3, "alice/tiny-gated is gated; accept its conditions on the Hub"),
+    "gated repo, no access": (
+        "alice/tiny-gated",
+        "bob",
+        3,
+        "alice/tiny-gated is gated; accept its conditions on the Hub",
+    ),
 }
 
 

@@ -40,7 +40,9 @@ def test_no_template_and_refusing_templates_are_clear(tmp_path):
 
 def test_template_gets_the_special_tokens_from_the_tokenizer_config(tmp_path):
     (tmp_path / "chat_template.jinja").write_text("{{ bos_token }}{{ messages[0]['content'] }}{{ eos_token }}")
-    (tmp_path / "tokenizer_config.json").write_text(json.dumps({"bos_token": {"content": "<bos>"}, "eos_token": "<eos>"}))
+    (tmp_path / "tokenizer_config.json").write_text(
+        json.dumps({"bos_token": {"content": "<bos>"}, "eos_token": "<eos>"})
+    )
     assert chat_prompt(tmp_path, "x") == "<bos>x<eos>"
 
 
@@ -53,9 +55,13 @@ def test_greedy_is_the_default_and_picks_the_argmax():
 
 
 def test_top_k_and_top_p_restrict_the_candidates():
-    picks_k = {Sampling(temperature=5.0, top_k=2, seed=0).pick(LOGITS, [], torch.Generator().manual_seed(s)) for s in range(60)}
+    picks_k = {
+        Sampling(temperature=5.0, top_k=2, seed=0).pick(LOGITS, [], torch.Generator().manual_seed(s)) for s in range(60)
+    }
     assert picks_k == {1, 2}
-    picks_p = {Sampling(temperature=1.0, top_p=0.05).pick(LOGITS, [], torch.Generator().manual_seed(s)) for s in range(30)}
+    picks_p = {
+        Sampling(temperature=1.0, top_p=0.05).pick(LOGITS, [], torch.Generator().manual_seed(s)) for s in range(30)
+    }
     assert picks_p == {1}  # the top token alone already holds more than 5% of the mass
     picks_all = {Sampling(temperature=5.0).pick(LOGITS, [], torch.Generator().manual_seed(s)) for s in range(200)}
     assert picks_all == {0, 1, 2, 3, 4}

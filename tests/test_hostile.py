@@ -207,14 +207,18 @@ def test_failed_pull_leaves_nothing_it_created(local_hub: LocalHubFixture, tmp_p
     repo_id = "alice/valid-small"
     _publish(local_hub, repo_id, _manifest(), **{"model-8da4w.pte": PTE_BYTES, "tokenizer.json": b"{}"})
     out = tmp_path / "out"
-    code, _, err = run_cli(["pull", repo_id, "--variant", "missing", "-o", str(out), "--endpoint", local_hub.endpoint], capsys)
+    code, _, err = run_cli(
+        ["pull", repo_id, "--variant", "missing", "-o", str(out), "--endpoint", local_hub.endpoint], capsys
+    )
     assert code == InputError.exit_code and "no variant 'missing'" in error_line(err)
     assert not out.exists()
 
     # A folder that was there keeps what it held, and only that.
     out.mkdir()
     (out / "notes.txt").write_text("mine")
-    code, _, _ = run_cli(["pull", repo_id, "--variant", "missing", "-o", str(out), "--endpoint", local_hub.endpoint], capsys)
+    code, _, _ = run_cli(
+        ["pull", repo_id, "--variant", "missing", "-o", str(out), "--endpoint", local_hub.endpoint], capsys
+    )
     assert code == InputError.exit_code
     assert [p.name for p in out.iterdir()] == ["notes.txt"]
 

@@ -12,14 +12,22 @@ from pathlib import Path
 import pytest
 import torch
 import transformers
-
 from helpers import error_line, run_cli
+
 from hub_export.demo import build_tiny_model
 from hub_export.kv_cache import plan_layers
 
 COMMON = dict(
-    vocab_size=512, hidden_size=64, intermediate_size=128, num_hidden_layers=2, num_attention_heads=4,
-    num_key_value_heads=2, max_position_embeddings=256, bos_token_id=None, eos_token_id=0, pad_token_id=0,
+    vocab_size=512,
+    hidden_size=64,
+    intermediate_size=128,
+    num_hidden_layers=2,
+    num_attention_heads=4,
+    num_key_value_heads=2,
+    max_position_embeddings=256,
+    bos_token_id=None,
+    eos_token_id=0,
+    pad_token_id=0,
 )
 WINDOW = 8
 SINK, SINK_WINDOW = 4, 12
@@ -28,8 +36,9 @@ CHUNKINGS = ([40], [5] + [1] * 35, [12, 20, 8], [30, 10])  # chunks longer than 
 
 def gemma3_config():
     """One sliding layer (ring) and one global layer (linear cache)."""
-    return transformers.Gemma3TextConfig(**COMMON, head_dim=16, sliding_window=WINDOW,
-                                         layer_types=["sliding_attention", "full_attention"])
+    return transformers.Gemma3TextConfig(
+        **COMMON, head_dim=16, sliding_window=WINDOW, layer_types=["sliding_attention", "full_attention"]
+    )
 
 
 def _eager(config):
@@ -45,7 +54,7 @@ def _wrapped_rows(model, layout, ids: torch.Tensor, chunks: list[int]) -> list[t
     rows, position = [], 0
     with torch.no_grad():
         for chunk in chunks:
-            out = wrapped(ids[:, position:position + chunk], torch.arange(position, position + chunk))
+            out = wrapped(ids[:, position : position + chunk], torch.arange(position, position + chunk))
             position += chunk
             rows.append((position - 1, out[0, -1]))
     return rows
@@ -153,13 +162,21 @@ def test_impossible_cache_options_are_one_line_refusals(llama_dir, tmp_path, cap
 @pytest.mark.parametrize("model_type", ["gpt2", "phi3-longrope"])
 def test_attention_sink_is_refused_where_positions_cannot_wrap(tmp_path, capsys, model_type):
     if model_type == "gpt2":
-        config = transformers.GPT2Config(vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=256,
-                                         bos_token_id=0, eos_token_id=0)
+        config = transformers.GPT2Config(
+            vocab_size=512, n_embd=64, n_layer=2, n_head=4, n_positions=256, bos_token_id=0, eos_token_id=0
+        )
         expected = "gpt2 has learned absolute positions instead of rope"
     else:
-        config = transformers.Phi3Config(**COMMON, original_max_position_embeddings=64, rope_scaling={
-            "rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
-            "original_max_position_embeddings": 64})
+        config = transformers.Phi3Config(
+            **COMMON,
+            original_max_position_embeddings=64,
+            rope_scaling={
+                "rope_type": "longrope",
+                "short_factor": [1.0] * 8,
+                "long_factor": [4.0] * 8,
+                "original_max_position_embeddings": 64,
+            },
+        )
         expected = "cannot work with longrope rope"
     model = build_tiny_model(tmp_path / "model", config=config)
     code, _, err = run_cli(["export", str(model), "-o", str(tmp_path / "out"), "--attention-sink", "4,12"], capsys)
@@ -190,7 +207,7 @@ def test_sink_file_matches_the_eager_reference_past_its_cache(sink_export, llama
     assert pte.metadata["get_max_context_len"] > 10**6
     position = 0
     for chunk in [15, 1, 1, 10, 1, 15, 1, 1, 15]:  # 60 tokens, every forward within the file's chunk limit
-        row = pte.forward(ids[:, position:position + chunk], start_pos=position)
+        row = pte.forward(ids[:, position : position + chunk], start_pos=position)
         position += chunk
         assert (row - expected[position - 1]).abs().max() < 1e-4, position
 
@@ -201,8 +218,10 @@ def test_sink_file_generates_past_its_cache_in_both_runners(sink_export, capsys)
     stats = runner_generate(sink_export / "model-fp32.pte", sink_export / "tokenizer.json", "Once upon a time", 40)
     assert stats["generated_tokens"] >= 39 > SINK + SINK_WINDOW
     # A prompt longer than the cache (the chat template makes it so) is prefilled in chunks.
-    code, out, err = run_cli(["generate", str(sink_export / "model-fp32.pte"), "-p", "Once upon a time there was",
-                              "--max-new-tokens", "40"], capsys)
+    code, out, err = run_cli(
+        ["generate", str(sink_export / "model-fp32.pte"), "-p", "Once upon a time there was", "--max-new-tokens", "40"],
+        capsys,
+    )
     assert code == 0, err
     err = " ".join(err.split())  # the terminal may wrap the summary line
     assert "generated 40 tok" in err and "stop: max_new_tokens" in err
@@ -219,7 +238,9 @@ def test_manifest_and_card_state_the_cache_and_the_memory(sink_export):
     assert variant.verification.verified
     cache = variant.kv_cache
     assert cache["attention_sink"] == [SINK, SINK_WINDOW] and cache["dtype"] == "fp32"
-    assert cache["bytes_at_full_context"] == 2 * (SINK + SINK_WINDOW) * 2 * 2 * 16 * 4  # layers x slots x K,V x heads x dim x 4 B
+    assert (
+        cache["bytes_at_full_context"] == 2 * (SINK + SINK_WINDOW) * 2 * 2 * 16 * 4
+    )  # layers x slots x K,V x heads x dim x 4 B
     memory = variant.runtime_memory
     assert memory["context_tokens"] > SINK + SINK_WINDOW and memory["peak_rss_bytes"] > 0
     card = render_card(manifest)
@@ -258,7 +279,9 @@ def test_int8_cache_file_decodes_past_the_window_close_to_eager(int8_export):
     with torch.no_grad():
         expected = torch.log_softmax(model(input_ids=ids).logits[0], -1)
     pte = PteModel(out / "model-fp32.pte")
-    rows = [pte.forward(ids[:, :1], start_pos=0)] + [pte.forward(ids[:, p:p + 1], start_pos=p) for p in range(1, ids.shape[1])]
+    rows = [pte.forward(ids[:, :1], start_pos=0)] + [
+        pte.forward(ids[:, p : p + 1], start_pos=p) for p in range(1, ids.shape[1])
+    ]
     actual = torch.log_softmax(torch.stack(rows), -1)
     assert (expected.exp() * (expected - actual)).sum(-1).max() < 1e-3
     # Where the file picks another token, eager rated it within a near-tie of its own pick (random weights).

@@ -228,7 +228,9 @@ def test_gated_repo_needs_granted_access_to_download(local_hub: LocalHubFixture,
     assert local_hub.api(local_hub.bob_token).model_info(repo_id).gated == "auto"  # the page stays visible
 
     def download(token, folder):
-        return hf_hub_download(repo_id, "model.bin", token=token, cache_dir=tmp_path / folder, endpoint=local_hub.endpoint)
+        return hf_hub_download(
+            repo_id, "model.bin", token=token, cache_dir=tmp_path / folder, endpoint=local_hub.endpoint
+        )
 
     with pytest.raises(GatedRepoError) as exc:
         download(local_hub.bob_token, "bob")
@@ -238,7 +240,9 @@ def test_gated_repo_needs_granted_access_to_download(local_hub: LocalHubFixture,
     assert exc.value.response.status_code == 401
     assert Path(download(local_hub.alice_token, "alice")).read_bytes() == b"weights"  # the owner always may
 
-    LocalHubStore(local_hub.root).grant_access(LocalHubStore(local_hub.root).find_repo("model", *repo_id.split("/")), "bob")
+    LocalHubStore(local_hub.root).grant_access(
+        LocalHubStore(local_hub.root).find_repo("model", *repo_id.split("/")), "bob"
+    )
     assert Path(download(local_hub.bob_token, "bob-granted")).read_bytes() == b"weights"
     alice.update_repo_settings(repo_id, gated=False)
     assert Path(download(False, "anon-ungated")).read_bytes() == b"weights"
@@ -317,7 +321,7 @@ def test_concurrent_commits_lose_nothing(local_hub: LocalHubFixture, repo_id: st
                 operations=[CommitOperationAdd(f"file-{i}.txt", f"content {i}".encode())],
                 commit_message=f"add {i}",
             )
-        except BaseException as e:  # noqa: BLE001 - reported below
+        except BaseException as e:
             errors.append(e)
 
     threads = [threading.Thread(target=push, args=(i,)) for i in range(8)]

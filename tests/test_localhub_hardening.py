@@ -111,8 +111,11 @@ def _response_length(data: bytes) -> int:
 
 # -- 2. YAML: no bombs, no stalls, no 500s -----------------------------------------------------------
 
-LAUGHS = "a: &a [" + ",".join(['"lol"'] * 9) + "]\n" + "".join(
-    f"{b}: &{b} [" + ",".join([f"*{a}"] * 9) + "]\n" for a, b in zip("abcdefgh", "bcdefghi")
+LAUGHS = (
+    "a: &a ["
+    + ",".join(['"lol"'] * 9)
+    + "]\n"
+    + "".join(f"{b}: &{b} [" + ",".join([f"*{a}"] * 9) + "]\n" for a, b in zip("abcdefgh", "bcdefghi", strict=False))
 )
 
 

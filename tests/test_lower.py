@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import pytest
-
 import torch
 from torch import nn
 
@@ -61,8 +60,12 @@ def _lowered_bytes(model_dir, tmp_path, name: str, qmode: str = "8da4w", shared:
     program = export_program(ExportableDecoder(model, 32))
     path = tmp_path / name
     data_path = path.with_suffix(".ptd") if shared else None
-    lower.to_pte(program, lower.runner_metadata(max_seq_len=32, bos_id=1, eos_ids=[2], vocab_size=512, dynamic_shape=True),
-                 path, data_path)
+    lower.to_pte(
+        program,
+        lower.runner_metadata(max_seq_len=32, bos_id=1, eos_ids=[2], vocab_size=512, dynamic_shape=True),
+        path,
+        data_path,
+    )
     return path.read_bytes() + (data_path.read_bytes() if shared else b"")
 
 
@@ -163,8 +166,13 @@ def test_edge_pass_triggers_find_the_nodes_their_passes_rewrite():
     plain = torch.export.export(nn.Linear(3, 3), (x,)).run_decompositions({}).graph_module
     assert not any(found(plain) for found in (_mixed_types, _symbols_as_tensors, _transposes, _views))
 
-    fodder = torch.export.export(_EdgePassFodder(), (x, torch.tensor(2.0)),
-                                 dynamic_shapes=({0: torch.export.Dim("rows")}, None)).run_decompositions({}).graph_module
+    fodder = (
+        torch.export.export(
+            _EdgePassFodder(), (x, torch.tensor(2.0)), dynamic_shapes=({0: torch.export.Dim("rows")}, None)
+        )
+        .run_decompositions({})
+        .graph_module
+    )
     assert _views(fodder) and _mixed_types(fodder) and _symbols_as_tensors(fodder)
     graph = torch.fx.Graph()
     graph.output(graph.call_function(torch.ops.aten.t.default, (graph.placeholder("x"),)))

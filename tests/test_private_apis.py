@@ -7,13 +7,31 @@ import ast
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
-UPSTREAM = {"torch", "executorch", "torchao", "transformers", "huggingface_hub", "ray", "gradio", "tokenizers",
-            "accelerate", "gguf", "typer", "click", "fastapi", "starlette", "uvicorn", "jinja2"}
+UPSTREAM = {
+    "torch",
+    "executorch",
+    "torchao",
+    "transformers",
+    "huggingface_hub",
+    "ray",
+    "gradio",
+    "tokenizers",
+    "accelerate",
+    "gguf",
+    "typer",
+    "click",
+    "fastapi",
+    "starlette",
+    "uvicorn",
+    "jinja2",
+}
 CONTRACT = ROOT / "hub_export" / "patches.py"
 # Underscored names their libraries document as public API.
-DOCUMENTED = {"torch._logging": "https://pytorch.org/docs/stable/logging.html",
-              "torch._logging.set_logs": "https://pytorch.org/docs/stable/logging.html",
-              "torch._check": "https://pytorch.org/docs/stable/generated/torch._check.html"}
+DOCUMENTED = {
+    "torch._logging": "https://pytorch.org/docs/stable/logging.html",
+    "torch._logging.set_logs": "https://pytorch.org/docs/stable/logging.html",
+    "torch._check": "https://pytorch.org/docs/stable/generated/torch._check.html",
+}
 
 
 def _private(name: str) -> bool:
@@ -39,7 +57,9 @@ def private_uses(source: str) -> list[tuple[int, str]]:
         if isinstance(node, ast.Import):
             for alias in node.names:
                 if alias.name.split(".")[0] in UPSTREAM:
-                    aliases[alias.asname or alias.name.split(".")[0]] = alias.asname and alias.name or alias.name.split(".")[0]
+                    aliases[alias.asname or alias.name.split(".")[0]] = (
+                        alias.asname and alias.name or alias.name.split(".")[0]
+                    )
                     if any(_private(part) for part in alias.name.split(".")) and alias.name not in DOCUMENTED:
                         found.append((node.lineno, alias.name))
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and (node.module or "").split(".")[0] in UPSTREAM:
@@ -60,19 +80,29 @@ def private_uses(source: str) -> list[tuple[int, str]]:
         elif isinstance(node, ast.Call):
             callee = _dotted(node.func)
             if callee and callee.split(".")[0] in aliases:
-                found += [(node.lineno, f"{aliases[callee.split('.')[0]]}...({kw.arg}=)") for kw in node.keywords
-                          if kw.arg and _private(kw.arg)]
+                found += [
+                    (node.lineno, f"{aliases[callee.split('.')[0]]}...({kw.arg}=)")
+                    for kw in node.keywords
+                    if kw.arg and _private(kw.arg)
+                ]
     return sorted(set(found))
 
 
 def _project_files() -> list[Path]:
-    return [path for folder in ("hub_export", "space", "scripts") for path in (ROOT / folder).rglob("*.py")
-            if path != CONTRACT]
+    return [
+        path
+        for folder in ("hub_export", "space", "scripts")
+        for path in (ROOT / folder).rglob("*.py")
+        if path != CONTRACT
+    ]
 
 
 def test_private_upstream_apis_are_used_only_in_the_patches_contract() -> None:
-    uses = [f"{path.relative_to(ROOT)}:{line} {name}" for path in _project_files()
-            for line, name in private_uses(path.read_text())]
+    uses = [
+        f"{path.relative_to(ROOT)}:{line} {name}"
+        for path in _project_files()
+        for line, name in private_uses(path.read_text())
+    ]
     assert uses == [], "route these through hub_export/patches.py (declared, version-guarded) or use a public API"
 
 

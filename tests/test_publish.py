@@ -25,9 +25,9 @@ from typer.testing import CliRunner
 from hub_export.cli import app
 from hub_export.demo import build_tiny_model
 from hub_export.errors import HubError, InputError, VerificationError
+from hub_export.hub import hub_errors
 from hub_export.localhub.pytest_plugin import LocalHubFixture
 from hub_export.manifest import Manifest, Verification, sha256_file
-from hub_export.hub import hub_errors
 from hub_export.pull import list_variants, pull
 from hub_export.push import PushResult, push
 
@@ -108,8 +108,12 @@ def _run_card_snippet(repo_id: str) -> str:
     from hub_export.generate import stream_generate
 
     room = int(re.search(r"range\(min\(32, (\d+) - len\(ids\)\)\)", snippet).group(1)) - len(prompt_ids)
-    library = [r.token for r in stream_generate(names["pte"], Path(names["pte"]).parent, "What is the capital of France?",
-                                                max_new_tokens=min(32, room))]
+    library = [
+        r.token
+        for r in stream_generate(
+            names["pte"], Path(names["pte"]).parent, "What is the capital of France?", max_new_tokens=min(32, room)
+        )
+    ]
     library = library[:-1] if library and library[-1] in names["eos"] else library
     assert names["ids"][: len(prompt_ids)] == prompt_ids and names["ids"][len(prompt_ids) :] == library
     return printed.getvalue()
@@ -221,8 +225,13 @@ def test_repush_of_an_unchanged_source_rebuilds_nothing(
     assert len(_commits(local_hub, result.repo_id)) == before
     # Anything different rebuilds: another option, --force, or a changed source file. The default context is the
     # model's (512 positions here), not "whatever the repo holds"; 1,024 scored tokens are not 2,048.
-    for options in (dict(max_seq_len=32), dict(max_seq_len=64, force=True), dict(max_seq_len=64, quality_tokens=0),
-                    dict(), dict(max_seq_len=64, quality_tokens=1024)):
+    for options in (
+        dict(max_seq_len=32),
+        dict(max_seq_len=64, force=True),
+        dict(max_seq_len=64, quality_tokens=0),
+        dict(),
+        dict(max_seq_len=64, quality_tokens=1024),
+    ):
         with pytest.raises(AssertionError, match="rebuilt"):
             push(str(source_model), result.repo_id, qmodes=["fp32"], **options, **hub)
     changed = shutil.copytree(source_model, tmp_path / "tiny-llama")
@@ -371,9 +380,17 @@ def test_nothing_is_pushed_from_a_folder_that_fails_verification(
 
 
 def test_permission_errors_exit_non_zero_with_one_line(local_hub: LocalHubFixture, export_8da4w: Path) -> None:
-    bob = _hub_export(local_hub, "push", "--from", str(export_8da4w), "alice/tiny-by-bob", "--token", local_hub.bob_token)
+    bob = _hub_export(
+        local_hub, "push", "--from", str(export_8da4w), "alice/tiny-by-bob", "--token", local_hub.bob_token
+    )
     readonly = _hub_export(
-        local_hub, "push", "--from", str(export_8da4w), "alice/tiny-by-readonly", "--token", local_hub.alice_readonly_token
+        local_hub,
+        "push",
+        "--from",
+        str(export_8da4w),
+        "alice/tiny-by-readonly",
+        "--token",
+        local_hub.alice_readonly_token,
     )
 
     assert bob.returncode == HubError.exit_code

@@ -25,7 +25,9 @@ def test_hqq_scales_round_weights_closer_than_minmax(fp32_model):
     weight = linear.weight.detach()
     errors = {scales: float((_rounded_weight(linear, 4, 32, scales) - weight).norm()) for scales in ("hqq", "minmax")}
     assert errors["hqq"] < 0.97 * errors["minmax"], errors
-    assert torch.equal(_rounded_weight(linear, 8, 32, "hqq"), _rounded_weight(linear, 8, 32, "minmax"))  # int8: as before
+    assert torch.equal(
+        _rounded_weight(linear, 8, 32, "hqq"), _rounded_weight(linear, 8, 32, "minmax")
+    )  # int8: as before
 
 
 def test_the_plan_spends_the_budget_on_the_most_damage_per_byte(fp32_model, tiny_model):
@@ -62,8 +64,9 @@ def test_a_mixed_variant_exports_verifies_and_says_what_it_kept(exported_multi, 
     from hub_export.export import export
     from hub_export.manifest import Manifest
 
-    manifest = export(str(tiny_model), tmp_path / "out", qmodes=["mixed"], qembedding="8w", max_seq_len=64,
-                      max_size_ratio=1.2)
+    manifest = export(
+        str(tiny_model), tmp_path / "out", qmodes=["mixed"], qembedding="8w", max_seq_len=64, max_size_ratio=1.2
+    )
     (variant,) = manifest.variants
     assert variant.file == "model-mixed-emb8w.pte" and variant.verification.verified
     plan = variant.recipe["mixed"]
@@ -77,13 +80,19 @@ def test_a_mixed_variant_exports_verifies_and_says_what_it_kept(exported_multi, 
     assert "--qmode mixed" in manifest.command and "--max-size-ratio 1.2" in manifest.command
 
 
-@pytest.mark.parametrize("options, message", [
-    (dict(max_size_ratio=1.2), "--max-size-ratio sets the budget of --qmode mixed"),
-    (dict(qmodes=("mixed",), max_size_ratio=0.9), "--max-size-ratio must be between 1.0"),
-    (dict(qmodes=("mixed",), max_ppl_ratio=1.0), "--max-ppl-ratio must be above 1.0"),
-    (dict(qmodes=("mixed",), calibration=False, max_ppl_ratio=1.2), "--max-ppl-ratio needs the calibration that --no-calibration"),
-    (dict(int4_scales="gptq"), "unknown --int4-scales 'gptq'"),
-])
+@pytest.mark.parametrize(
+    "options, message",
+    [
+        (dict(max_size_ratio=1.2), "--max-size-ratio sets the budget of --qmode mixed"),
+        (dict(qmodes=("mixed",), max_size_ratio=0.9), "--max-size-ratio must be between 1.0"),
+        (dict(qmodes=("mixed",), max_ppl_ratio=1.0), "--max-ppl-ratio must be above 1.0"),
+        (
+            dict(qmodes=("mixed",), calibration=False, max_ppl_ratio=1.2),
+            "--max-ppl-ratio needs the calibration that --no-calibration",
+        ),
+        (dict(int4_scales="gptq"), "unknown --int4-scales 'gptq'"),
+    ],
+)
 def test_recipe_options_that_cannot_work_are_refused(options, message):
     with pytest.raises(InputError) as refused:
         ExportOptions(**options)
@@ -97,10 +106,22 @@ def test_the_card_plots_size_against_quality_for_three_variants():
     def variant(qmode: str, size: int, ratio: float) -> Variant:
         quality = Quality(text="eval_en.txt", tokens=2048, perplexity=20 * ratio, fp32_perplexity=20.0, ratio=ratio)
         check = Verification(passed=True, mean_kl_vs_eager=0.01, top1_agreement=0.9, quality=quality)
-        return Variant(file=f"model-{qmode}.pte", qmode=qmode, qembedding=None, group_size=None, max_seq_len=64,
-                       size_bytes=size, sha256="0" * 64, metadata={}, verification=check, export_seconds=1.0)
+        return Variant(
+            file=f"model-{qmode}.pte",
+            qmode=qmode,
+            qembedding=None,
+            group_size=None,
+            max_seq_len=64,
+            size_bytes=size,
+            sha256="0" * 64,
+            metadata={},
+            verification=check,
+            export_seconds=1.0,
+        )
 
-    two = Manifest(source={"id": "acme/m"}, versions={}, variants=[variant("8da4w", 100, 1.4), variant("fp32", 500, 1.0)])
+    two = Manifest(
+        source={"id": "acme/m"}, versions={}, variants=[variant("8da4w", 100, 1.4), variant("fp32", 500, 1.0)]
+    )
     assert frontier_png(two) is None and FRONTIER_PLOT not in render_card(two)
     three = Manifest(source={"id": "acme/m"}, versions={}, variants=[*two.variants, variant("mixed", 115, 1.15)])
     png = frontier_png(three)

@@ -65,14 +65,21 @@ def second_model(tmp_path_factory) -> Path:
 
 # Starts the command with Ctrl-C at its default, as in a terminal: a test run started in the
 # background by a non-interactive shell inherits SIGINT ignored, and so would the command.
-_INTERACTIVE = "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+_INTERACTIVE = (
+    "import os, signal, sys; signal.signal(signal.SIGINT, signal.SIG_DFL); os.execv(sys.argv[1], sys.argv[1:])"
+)
 
 
 def _batch(hub: LocalHubFixture, plan: Path, address: str, *extra: str) -> subprocess.Popen:
     env = {**os.environ, "COLUMNS": "300", "HF_TOKEN": hub.alice_token, "RAY_USAGE_STATS_ENABLED": "0"}
     command = [str(HUB_EXPORT), "batch", str(plan), "--ray-address", address, "--endpoint", hub.endpoint, *extra]
-    return subprocess.Popen([sys.executable, "-c", _INTERACTIVE, *command],
-                            stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    return subprocess.Popen(
+        [sys.executable, "-c", _INTERACTIVE, *command],
+        stdout=subprocess.PIPE,
+        stderr=subprocess.PIPE,
+        text=True,
+        env=env,
+    )
 
 
 def test_a_batch_spreads_over_two_nodes_survives_a_killed_worker_and_matches_the_local_files(
@@ -102,7 +109,12 @@ def test_a_batch_spreads_over_two_nodes_survives_a_killed_worker_and_matches_the
         for pid, title in running.items():
             seen_for = time.monotonic() - first_seen.setdefault(pid, time.monotonic())
             wait = 0 if not killed else 4
-            if len(killed) < 2 and title not in killed and not title.startswith(TASK_TITLE + b"prepare") and seen_for >= wait:
+            if (
+                len(killed) < 2
+                and title not in killed
+                and not title.startswith(TASK_TITLE + b"prepare")
+                and seen_for >= wait
+            ):
                 os.kill(pid, signal.SIGKILL)
                 killed[title] = pid
                 break
@@ -121,10 +133,14 @@ def test_a_batch_spreads_over_two_nodes_survives_a_killed_worker_and_matches_the
         assert [v.qmode for v in manifest.variants] == ["8da4w", "fp32"]
         assert all(v.verification.passed for v in manifest.variants)
         commits = local_hub.api(local_hub.alice_token).list_repo_commits(repo)
-        assert sum("model-" in c.title or "variant" in c.title.lower() for c in commits) == 1, [c.title for c in commits]
+        assert sum("model-" in c.title or "variant" in c.title.lower() for c in commits) == 1, [
+            c.title for c in commits
+        ]
     # Byte-identical to the local engine's files (built in local worker processes by the session fixture).
     local = {v.qmode: v.sha256 for v in Manifest.read(exported_multi).variants}
-    remote = {v.qmode: v.sha256 for v in list_variants("alice/tiny-one-ExecuTorch", endpoint=local_hub.endpoint).variants}
+    remote = {
+        v.qmode: v.sha256 for v in list_variants("alice/tiny-one-ExecuTorch", endpoint=local_hub.endpoint).variants
+    }
     assert remote == local
 
     # The same plan again: every repo already holds its variants built the same way.
@@ -139,7 +155,9 @@ def test_ctrl_c_cancels_the_running_tasks_and_pushes_nothing(
     ray_cluster, local_hub: LocalHubFixture, second_model: Path, tmp_path
 ):
     plan = tmp_path / "plan.yaml"
-    plan.write_text(f"jobs: [{{source: {second_model}, repo: alice/tiny-cancelled, qmodes: [8da8w], max_seq_len: 64}}]\n")
+    plan.write_text(
+        f"jobs: [{{source: {second_model}, repo: alice/tiny-cancelled, qmodes: [8da8w], max_seq_len: 64}}]\n"
+    )
     run = _batch(local_hub, plan, ray_cluster)
     deadline = time.monotonic() + 120
     while not _task_processes() and time.monotonic() < deadline:
@@ -154,8 +172,9 @@ def test_ctrl_c_cancels_the_running_tasks_and_pushes_nothing(
         _, err = run.communicate(timeout=60)
     except subprocess.TimeoutExpired:
         run.kill()
-        pytest.fail(f"still running 60 s after Ctrl-C ({'; '.join(masks)}); its log ends: "
-                    + run.communicate()[1][-3000:])
+        pytest.fail(
+            f"still running 60 s after Ctrl-C ({'; '.join(masks)}); its log ends: " + run.communicate()[1][-3000:]
+        )
     assert run.returncode == 130, err[-3000:]
     assert "Interrupted." in err and "│ cancelled │" in err, err
     deadline = time.monotonic() + 15
@@ -174,15 +193,22 @@ def test_a_node_without_the_prepared_folder_downloads_the_same_revision_through_
     api = local_hub.api(local_hub.alice_token)
     api.create_repo("alice/tiny-ray-source")
     api.upload_folder(folder_path=str(tiny_model), repo_id="alice/tiny-ray-source")
-    request = SourceRequest("alice/tiny-ray-source", ExportOptions(), local_hub.alice_token, local_hub.endpoint,
-                            cache_dir=tmp_path / "driver-cache")
+    request = SourceRequest(
+        "alice/tiny-ray-source",
+        ExportOptions(),
+        local_hub.alice_token,
+        local_hub.endpoint,
+        cache_dir=tmp_path / "driver-cache",
+    )
     prepared_src = resolve_source(request)
     api.upload_file(path_or_fileobj=b"moved on", path_in_repo="NOTES.md", repo_id="alice/tiny-ray-source")
 
-    elsewhere = SourceRequest(request.source, request.options, request.token, request.endpoint,
-                              cache_dir=tmp_path / "node-cache")
-    gone = type(prepared_src)(tmp_path / "not-on-this-node", prepared_src.name, prepared_src.revision, False,
-                              prepared_src.config)
+    elsewhere = SourceRequest(
+        request.source, request.options, request.token, request.endpoint, cache_dir=tmp_path / "node-cache"
+    )
+    gone = type(prepared_src)(
+        tmp_path / "not-on-this-node", prepared_src.name, prepared_src.revision, False, prepared_src.config
+    )
     on_node = source_on_this_node(gone, elsewhere)
     assert on_node.revision == prepared_src.revision  # the prepared commit, not the branch's new head
     assert on_node.path.is_relative_to(tmp_path / "node-cache")
@@ -204,8 +230,21 @@ def test_the_space_hands_its_export_to_the_cluster_and_still_streams_its_log(
     engine = jobs.engine()
     assert engine.name == "ray" and jobs.engine() is engine  # connected once, shared by the jobs
 
-    updates = list(jobs.export(str(second_model), "", ["fp32"], "none", "", 64, "alice/tiny-space-ray", False,
-                               local_hub.alice_token, None, progress=lambda *args, **kwargs: None))
+    updates = list(
+        jobs.export(
+            str(second_model),
+            "",
+            ["fp32"],
+            "none",
+            "",
+            64,
+            "alice/tiny-space-ray",
+            False,
+            local_hub.alice_token,
+            None,
+            progress=lambda *args, **kwargs: None,
+        )
+    )
     status, log_text, link, table, card, repo_id = updates[-1]
     assert repo_id == "alice/tiny-space-ray" and "model-fp32.pte" in set(table["file"])
     assert len(updates) > 5  # the log streamed while the cluster worked

@@ -65,8 +65,11 @@ def test_the_manifest_records_what_each_variant_kept(exported_minilm) -> None:
 def test_a_paraphrase_is_nearer_than_an_unrelated_sentence(exported_minilm, capsys) -> None:
     from helpers import run_cli
 
-    texts = ["The harbour was full of fishing boats.", "Many fishing boats were in the port.",
-             "The committee approved the annual budget."]
+    texts = [
+        "The harbour was full of fishing boats.",
+        "Many fishing boats were in the port.",
+        "The committee approved the annual budget.",
+    ]
     code, out, _ = run_cli(["embed", str(exported_minilm), "--variant", "8da8w", "--json", *texts], capsys)
     vectors = torch.tensor(json.loads(out))
     similar = vectors @ vectors.T  # normalised vectors: the dot product is the cosine

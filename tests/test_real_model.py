@@ -13,7 +13,6 @@ import struct
 from pathlib import Path
 
 import pytest
-
 from helpers import error_line, run_cli
 
 GGUF_NAME = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -32,8 +31,15 @@ def real_export(tmp_path_factory) -> Path:
     from hub_export.export import export
 
     out = tmp_path_factory.mktemp("real") / "smollm2"
-    export(str(smollm2_folder()), out, gguf_file=GGUF_NAME, qmodes=["8da4w"], qembedding="8w",
-           max_seq_len=MAX_SEQ_LEN, jobs=1)
+    export(
+        str(smollm2_folder()),
+        out,
+        gguf_file=GGUF_NAME,
+        qmodes=["8da4w"],
+        qembedding="8w",
+        max_seq_len=MAX_SEQ_LEN,
+        jobs=1,
+    )
     return out
 
 
@@ -63,13 +69,19 @@ def test_real_model_exports_verifies_and_reports_text_quality(real_export):
 def test_real_model_answers_through_its_chat_template(real_export):
     from hub_export.generate import generate
 
-    result = generate(real_export / "model-8da4w-emb8w.pte", real_export, "What is the capital of France?",
-                      max_new_tokens=24)
+    result = generate(
+        real_export / "model-8da4w-emb8w.pte", real_export, "What is the capital of France?", max_new_tokens=24
+    )
     assert result.chat and result.generated_tokens > 3
     assert "Paris" in result.text
     # Without the template the instruct model does not answer the question (it ends at once or rambles).
-    raw = generate(real_export / "model-8da4w-emb8w.pte", real_export, "What is the capital of France?",
-                   max_new_tokens=24, chat=False)
+    raw = generate(
+        real_export / "model-8da4w-emb8w.pte",
+        real_export,
+        "What is the capital of France?",
+        max_new_tokens=24,
+        chat=False,
+    )
     assert not raw.chat and raw.prompt_tokens < result.prompt_tokens
 
 
@@ -176,7 +188,9 @@ def test_bad_gguf_sources_are_one_clear_line(tmp_path, capsys):
         assert exit_code == code, (name, err)
         assert message in error_line(err), (name, err)
         assert not out.exists() and not list(tmp_path.glob(".out-*"))
-    assert "llama" in error_line(run_cli(["export", str(folder), "--gguf-file", "rwkv.gguf", "-o", str(out)], capsys)[2])
+    assert "llama" in error_line(
+        run_cli(["export", str(folder), "--gguf-file", "rwkv.gguf", "-o", str(out)], capsys)[2]
+    )
 
 
 @pytest.mark.real
@@ -190,10 +204,13 @@ def test_gguf_from_the_hub_downloads_only_that_file(local_hub, tmp_path, real_ex
     api.upload_file(path_or_fileobj=str(smollm2_folder() / GGUF_NAME), path_in_repo=GGUF_NAME, repo_id=repo_id)
     api.upload_file(path_or_fileobj=b"x" * 1000, path_in_repo="other.bin", repo_id=repo_id)
     cache = tmp_path / "cache"
-    src = resolve(repo_id, gguf_file=GGUF_NAME, token=local_hub.alice_token, endpoint=local_hub.endpoint,
-                  cache_dir=cache)
+    src = resolve(
+        repo_id, gguf_file=GGUF_NAME, token=local_hub.alice_token, endpoint=local_hub.endpoint, cache_dir=cache
+    )
     assert src.name == repo_id and src.revision and src.gguf["quantization"] == "Q4_1"
-    downloaded = sorted(p.name for p in cache.rglob("*") if p.is_file() and "blobs" not in p.parts and p.parent.name != "refs")
+    downloaded = sorted(
+        p.name for p in cache.rglob("*") if p.is_file() and "blobs" not in p.parts and p.parent.name != "refs"
+    )
     assert GGUF_NAME in downloaded and "other.bin" not in downloaded
     assert (src.path / "config.json").is_file() and (src.path / "tokenizer.json").is_file()
 

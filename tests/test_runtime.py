@@ -15,7 +15,9 @@ PROBE = "import os, sys; from hub_export.process_env import prepare_pte_process;
 
 def _fresh(code: str, **env: str) -> str:
     clean = {key: value for key, value in os.environ.items() if key != "MKL_NUM_THREADS"}
-    done = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**clean, **env})
+    done = subprocess.run(
+        [sys.executable, "-c", code], capture_output=True, text=True, check=True, env={**clean, **env}
+    )
     return done.stdout.strip()
 
 
@@ -27,15 +29,19 @@ def test_a_pte_process_keeps_torchs_mkl_to_one_thread_unless_the_user_chose():
 
 
 def test_the_cli_generate_sets_it_before_torch_loads():
-    code = ("import sys; from typer.testing import CliRunner; from hub_export.cli import app; "
-            "CliRunner().invoke(app, ['generate', '/nonexistent-folder', '--prompt', 'x']); "
-            "import os; print('torch' in sys.modules, os.environ.get('MKL_NUM_THREADS'))")
+    code = (
+        "import sys; from typer.testing import CliRunner; from hub_export.cli import app; "
+        "CliRunner().invoke(app, ['generate', '/nonexistent-folder', '--prompt', 'x']); "
+        "import os; print('torch' in sys.modules, os.environ.get('MKL_NUM_THREADS'))"
+    )
     assert _fresh(code).splitlines()[-1] == "True 1"
 
 
 def test_runner_runs_in_its_own_process_and_reports_the_file(exported_multi, monkeypatch):
     monkeypatch.setenv("MKL_NUM_THREADS", "2")  # this process's setting; the runner's process gets its own
-    stats = runner_generate(exported_multi / "model-8da4w-emb8w.pte", exported_multi / "tokenizer.json", "Once upon a time", 5)
+    stats = runner_generate(
+        exported_multi / "model-8da4w-emb8w.pte", exported_multi / "tokenizer.json", "Once upon a time", 5
+    )
     assert stats["generated_tokens"] >= 1 and stats["prompt_tokens"] >= 1
     assert stats["prompt_eval_end_ms"] >= stats["inference_start_ms"]
     assert stats["mkl_num_threads"] == "1"

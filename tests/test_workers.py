@@ -64,15 +64,32 @@ def _workers_of(run: subprocess.Popen) -> list[int]:
 
 def test_a_killed_worker_is_retried_then_fails_the_run_stops_the_others_and_leaves_nothing(tiny_model, tmp_path):
     out = tmp_path / "out"
-    command = [sys.executable, "-m", "hub_export.cli", "export", str(tiny_model), "-o", str(out),
-               "-q", "8da4w", "-q", "fp32", "--max-seq-len", "32", "--jobs", "2", "--retries", "1"]
+    command = [
+        sys.executable,
+        "-m",
+        "hub_export.cli",
+        "export",
+        str(tiny_model),
+        "-o",
+        str(out),
+        "-q",
+        "8da4w",
+        "-q",
+        "fp32",
+        "--max-seq-len",
+        "32",
+        "--jobs",
+        "2",
+        "--retries",
+        "1",
+    ]
     run = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True)
     deadline = time.monotonic() + 120
     killed: list[int] = []
     while time.monotonic() < deadline and len(killed) < 2 and run.poll() is None:
         # Kill the costliest variant's worker (started first), then the worker that replaces it.
         workers = _workers_of(run)
-        if len(workers) == 2 and not killed or len(killed) == 1 and set(workers) - set(killed) - {survivor}:
+        if len(workers) == 2 and not killed or len(killed) == 1 and set(workers) - set(killed) - {survivor}:  # noqa: F821 - bound on the first kill, read only after it
             if not killed:
                 target, survivor = min(workers), max(workers)
             else:

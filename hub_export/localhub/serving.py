@@ -5,9 +5,9 @@ from __future__ import annotations
 import ipaddress
 import logging
 import os
-import sys
 import socket
 import sqlite3
+import sys
 import threading
 import time
 from pathlib import Path
@@ -85,9 +85,7 @@ def sweep(root: str | Path) -> None:
         logger.info("Start-up sweep: %s", result)
 
 
-def _server(
-    root: str | Path, sock: socket.socket, *, log: bool, max_body_mb: int, max_lfs_gb: int
-) -> uvicorn.Server:
+def _server(root: str | Path, sock: socket.socket, *, log: bool, max_body_mb: int, max_lfs_gb: int) -> uvicorn.Server:
     sweep(root)
     config = uvicorn.Config(
         create_app(root, max_body=max_body_mb * 1024**2, max_lfs=max_lfs_gb * 1000**3),
