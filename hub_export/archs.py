@@ -25,38 +25,16 @@ class Family:
     task: str = "text-generation"  # hub_export.tasks.TASKS
 
 
+# One line a family: a table reads best as one.
+# fmt: off
 FAMILIES: tuple[Family, ...] = (
-    Family(
-        "Llama 2/3.x, SmolLM2",
-        ("llama",),
-        "static",
-        "verified",
-        "tied or untied embeddings; llama3/linear/yarn rope scaling",
-    ),
+    Family("Llama 2/3.x, SmolLM2", ("llama",), "static", "verified", "tied or untied embeddings; llama3/linear/yarn rope scaling"),
     Family("Qwen2 / Qwen2.5", ("qwen2",), "static", "verified", "q/k/v biases; tied embeddings (small sizes)"),
     Family("Qwen3", ("qwen3",), "static", "verified", "QK-norm; head_dim independent of hidden size"),
     Family("Mistral", ("mistral",), "static + ring (window)", "verified", "sliding window exact past the window"),
-    Family(
-        "Phi-3 / Phi-4-mini",
-        ("phi3",),
-        "static",
-        "verified",
-        "fused qkv/gate-up; partial rotary; longrope only up to its original context",
-    ),
-    Family(
-        "Gemma 2",
-        ("gemma2",),
-        "static + ring (window)",
-        "verified",
-        "attention/final logit soft-capping; alternating sliding layers",
-    ),
-    Family(
-        "Gemma 3 (text)",
-        ("gemma3_text",),
-        "static + ring (window)",
-        "verified",
-        "QK-norm; sliding layers with local rope",
-    ),
+    Family("Phi-3 / Phi-4-mini", ("phi3",), "static", "verified", "fused qkv/gate-up; partial rotary; longrope only up to its original context"),
+    Family("Gemma 2", ("gemma2",), "static + ring (window)", "verified", "attention/final logit soft-capping; alternating sliding layers"),
+    Family("Gemma 3 (text)", ("gemma3_text",), "static + ring (window)", "verified", "QK-norm; sliding layers with local rope"),
     Family("SmolLM3", ("smollm3",), "static", "verified", "NoPE layers"),
     Family("OLMo 2", ("olmo2",), "static", "verified", "QK-norm over the full projection"),
     Family("Granite", ("granite",), "static", "verified", "embedding/residual/attention/logit multipliers"),
@@ -64,25 +42,12 @@ FAMILIES: tuple[Family, ...] = (
     Family("Starcoder2", ("starcoder2",), "static + ring (window)", "verified", "biases; LayerNorm; GELU MLP"),
     Family("GPT-2", ("gpt2",), "static", "verified", "learned absolute positions; Conv1D projections"),
     Family("GPT-NeoX / Pythia", ("gpt_neox",), "static", "verified", "parallel residual; partial rotary"),
-    Family(
-        "BERT, MiniLM",
-        ("bert",),
-        "none",
-        "verified",
-        "mean/CLS/max pooling, normalised as configured",
-        "feature-extraction",
-    ),
-    Family(
-        "RoBERTa / XLM-R",
-        ("roberta", "xlm-roberta"),
-        "none",
-        "verified",
-        "position ids offset by padding",
-        "feature-extraction",
-    ),
+    Family("BERT, MiniLM", ("bert",), "none", "verified", "mean/CLS/max pooling, normalised as configured", "feature-extraction"),
+    Family("RoBERTa / XLM-R", ("roberta", "xlm-roberta"), "none", "verified", "position ids offset by padding", "feature-extraction"),
     Family("DistilBERT", ("distilbert",), "none", "verified", "no token types", "feature-extraction"),
     Family("MPNet", ("mpnet",), "none", "verified", "relative position bias", "feature-extraction"),
 )
+# fmt: on
 
 # What each task accepts, by model_type.
 SUPPORTED_MODEL_TYPES: dict[str, frozenset[str]] = {

@@ -180,21 +180,7 @@ def _build_embedding_variant(run: RunState, qmode: str, last: bool) -> Variant:
         verification = embeddings.verify_variant(path, expected, reference, mode, opts.qembedding)
         if not verification.passed:
             raise VerificationError(f"{name} failed verification: {verification.failure}")
-    return Variant(
-        file=name,
-        qmode=qmode,
-        qembedding=opts.qembedding,
-        group_size=opts.group_size if mode.grouped else None,
-        max_seq_len=run.max_seq_len,
-        size_bytes=path.stat().st_size,
-        sha256=sha256_file(path),
-        metadata=metadata,
-        verification=verification,
-        export_seconds=round(seconds, 2),
-        per_channel_fallback=fallback,
-        recipe=_recipe_record(mode, opts, None),
-        asked=opts.variant_settings(),
-    )
+    return _variant_record(run, qmode, path, metadata, verification, seconds, fallback)
 
 
 def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
@@ -224,27 +210,33 @@ def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
             raise VerificationError(f"{name} failed verification: {verification.failure}")
         run.say(f"[{name}] measuring memory at full context ({run.max_seq_len} positions)", "note", name)
         runtime_memory = probe.measure(path, extra_tokens=8 if layout.unbounded else 0)
+    record = _variant_record(run, qmode, path, metadata, verification, seconds, fallback, plan)
+    record.kv_cache, record.runtime_memory = {**layout.to_dict(), "sliding": opts.sliding_cache}, runtime_memory
+    return record
+
+
+def _variant_record(
+    run: RunState,
+    qmode: str,
+    path: Path,
+    metadata: dict,
+    verification: Verification,
+    seconds: float,
+    fallback: list[str],
+    plan: MixedPlan | None = None,
+) -> Variant:
+    """The manifest's record of the variant just written to ``path`` (with its ``.ptd``, if any)."""
+    opts, mode = run.options, quantize.QMODES[qmode]
     data_path = path.with_suffix(".ptd") if opts.share_embeddings else None
     return Variant(
-        file=name,
-        qmode=qmode,
-        qembedding=opts.qembedding,
-        group_size=opts.group_size if mode.grouped else None,
-        max_seq_len=run.max_seq_len,
-        size_bytes=path.stat().st_size,
-        sha256=sha256_file(path),
-        metadata=metadata,
-        verification=verification,
-        export_seconds=round(seconds, 2),
-        per_channel_fallback=fallback,
+        file=path.name, qmode=qmode, qembedding=opts.qembedding, group_size=opts.group_size if mode.grouped else None,
+        max_seq_len=run.max_seq_len, size_bytes=path.stat().st_size, sha256=sha256_file(path), metadata=metadata,
+        verification=verification, export_seconds=round(seconds, 2), per_channel_fallback=fallback,
         data_file=data_path.name if data_path else None,
         data_size_bytes=data_path.stat().st_size if data_path else None,
         data_sha256=sha256_file(data_path) if data_path else None,
-        recipe=_recipe_record(mode, opts, plan),
-        kv_cache={**layout.to_dict(), "sliding": opts.sliding_cache},
-        runtime_memory=runtime_memory,
-        asked=opts.variant_settings(),
-    )
+        recipe=_recipe_record(mode, opts, plan), asked=opts.variant_settings(),
+    )  # fmt: skip
 
 
 def _quantized_copy(

@@ -38,6 +38,11 @@ from .push import push
 from .quiet import quiet_libraries, quiet_torch
 from .redact import Redactor
 
+ENDPOINT_HELP = "Hub endpoint (default: HF_ENDPOINT or huggingface.co)."
+TOKEN_HELP = "Hub token (default: HF_TOKEN or the saved login)."
+VARIANT_HELP = "Variant (qmode or file name) in a folder or repo."
+TOKENIZER_HELP = "Folder with tokenizer.json (default: next to the .pte)."
+
 app = typer.Typer(
     help="Export Hugging Face models (causal LMs, sentence encoders) to verified ExecuTorch .pte files and publish them.",
     no_args_is_help=True,
@@ -192,8 +197,8 @@ def generate(
     prompt: str = typer.Option(
         ..., "--prompt", "-p", help="Your message (with --chat) or the text to continue (--no-chat)."
     ),
-    tokenizer: Path | None = typer.Option(None, help="Folder with tokenizer.json (default: next to the .pte)."),
-    variant: str | None = typer.Option(None, help="Variant (qmode or file name) in a folder or repo."),
+    tokenizer: Path | None = typer.Option(None, help=TOKENIZER_HELP),
+    variant: str | None = typer.Option(None, help=VARIANT_HELP),
     max_new_tokens: int = typer.Option(64, help="Tokens to generate at most."),
     chat: bool | None = typer.Option(
         None,
@@ -209,10 +214,8 @@ def generate(
     top_k: int = typer.Option(0, "--top-k", help="Sample among the k likeliest tokens; 0 is off."),
     repetition_penalty: float = typer.Option(1.0, help="Above 1 discourages repeating tokens (1.1-1.3 is typical)."),
     seed: int = typer.Option(0, help="Sampling seed."),
-    endpoint: str | None = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT)."),
-    token: str | None = typer.Option(
-        None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False
-    ),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
 ):
     """Stream text from an exported model and report prefill/decode tokens/s."""
     prepare_pte_process()
@@ -244,13 +247,11 @@ def embed(
         ..., help="A sentence-embedding .pte, its export folder, or a Hub repo made by hub-export."
     ),
     texts: list[str] = typer.Argument(..., help="The texts to embed (quote each one)."),
-    variant: str | None = typer.Option(None, help="Variant (qmode or file name) in a folder or repo."),
+    variant: str | None = typer.Option(None, help=VARIANT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print the vectors as a JSON list of lists, one per text."),
-    tokenizer: Path | None = typer.Option(None, help="Folder with tokenizer.json (default: next to the .pte)."),
-    endpoint: str | None = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT)."),
-    token: str | None = typer.Option(
-        None, help="Hub token (default: HF_TOKEN or the saved login).", show_default=False
-    ),
+    tokenizer: Path | None = typer.Option(None, help=TOKENIZER_HELP),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
 ):
     """Embed texts with a sentence-embedding file and print their pairwise cosine similarities."""
     prepare_pte_process()
@@ -288,9 +289,6 @@ def archs(markdown: bool = typer.Option(False, help="Print the Markdown table us
 
 
 # -- publishing: push, ls, pull, card ---------------------------------------------------
-
-ENDPOINT_HELP = "Hub endpoint (default: HF_ENDPOINT or huggingface.co)."
-TOKEN_HELP = "Hub token (default: HF_TOKEN or the saved login)."
 
 
 def _files_table(result) -> Table:

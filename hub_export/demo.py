@@ -187,28 +187,14 @@ def packaged_gemma3(cache: str | Path | None = None) -> Path:
 
 
 # Small settings per encoder family: each config class names them its own way.
+_BERT_LIKE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+_PADDED_POSITIONS = dict(pad_token_id=1, max_position_embeddings=514)  # positions count from padding_idx + 1
 _TINY_ENCODERS = {
-    "bert": dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128),
-    "roberta": dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        pad_token_id=1,
-        max_position_embeddings=514,
-    ),
-    "xlm-roberta": dict(
-        hidden_size=64,
-        num_hidden_layers=2,
-        num_attention_heads=4,
-        intermediate_size=128,
-        pad_token_id=1,
-        max_position_embeddings=514,
-    ),
+    "bert": _BERT_LIKE,
+    "roberta": {**_BERT_LIKE, **_PADDED_POSITIONS},
+    "xlm-roberta": {**_BERT_LIKE, **_PADDED_POSITIONS},
     "distilbert": dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128),
-    "mpnet": dict(
-        hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128, max_position_embeddings=514
-    ),
+    "mpnet": {**_BERT_LIKE, "max_position_embeddings": 514},
 }
 
 

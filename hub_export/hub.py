@@ -55,6 +55,18 @@ def not_logged_in(endpoint: str) -> HubError:
     return HubError(f"not logged in to {endpoint}", hint=LOGIN_HINT, param="token", code="login")
 
 
+# What each refused request means, and what to do: (reason, hint, the option at fault, code, names the repo).
+_HTTP_ADVICE = {
+    401: ("the Hub at {endpoint} rejected the token (HTTP 401)", f"{LOGIN_HINT} with a valid token", "token",
+          "token_rejected", False),
+    403: ("permission denied: your token cannot {action} {repo_id} (HTTP 403)",
+          "use a token with access to that repo, or push to your own namespace", "token", "forbidden", True),
+    409: ("conflict while trying to {action} {repo_id} (HTTP 409: {detail})", "retry in a moment", None, "conflict",
+          True),
+    412: ("{repo_id} changed while pushing (HTTP 412)", "run the command again", None, "conflict", True),
+}  # fmt: skip
+
+
 def _http_failure(error, repo_id: str, endpoint: str, action: str, failure: type[HubExportError]) -> HubExportError:
     status = error.response.status_code if getattr(error, "response", None) is not None else None
     detail = " ".join((getattr(error, "server_message", None) or "").split())[:200]
@@ -64,35 +76,11 @@ def _http_failure(error, repo_id: str, endpoint: str, action: str, failure: type
             hint="check the repo name",
             repo_id=repo_id,
         )
-    if status == 401:
-        return failure(
-            f"the Hub at {endpoint} rejected the token (HTTP 401)",
-            hint=f"{LOGIN_HINT} with a valid token",
-            param="token",
-            code="token_rejected",
-        )
-    if status == 403:
-        return failure(
-            f"permission denied: your token cannot {action} {repo_id} (HTTP 403)",
-            hint="use a token with access to that repo, or push to your own namespace",
-            param="token",
-            repo_id=repo_id,
-            code="forbidden",
-        )
-    if status == 409:
-        return failure(
-            f"conflict while trying to {action} {repo_id} (HTTP 409: {detail})",
-            hint="retry in a moment",
-            repo_id=repo_id,
-            code="conflict",
-        )
-    if status == 412:
-        return failure(
-            f"{repo_id} changed while pushing (HTTP 412)",
-            hint="run the command again",
-            repo_id=repo_id,
-            code="conflict",
-        )
+    if status in _HTTP_ADVICE:
+        reason, hint, param, code, names_repo = _HTTP_ADVICE[status]
+        words = dict(endpoint=endpoint, action=action, repo_id=repo_id, detail=detail)
+        return failure(reason.format(**words), hint=hint, param=param, code=code,
+                       repo_id=repo_id if names_repo else None)  # fmt: skip
     return failure(
         f"the Hub failed to {action} {repo_id} (HTTP {status or '?'}{': ' + detail if detail else ''})",
         hint="retry later",
