@@ -22,7 +22,7 @@ from rich.table import Table
 from .archs import FAMILIES, markdown_table
 from .batch import fp32_weight_bytes, read_plan, run_batch, summary
 from .bug_log import as_bug
-from .card import human_size, remember_source_card, variant_facts, write_card
+from .card import human_size, remember_source_card, task_of, variant_facts, write_card
 from .embed import embed as embed_texts
 from .engines import engine as make_engine
 from .engines import variant_memory
@@ -486,7 +486,8 @@ def ls_command(
     table.add_column("file", no_wrap=True)
     for column in ("size", "ctx", "memory"):  # memory: at full context
         table.add_column(column, justify="right", no_wrap=True)
-    table.add_column("perplexity", min_width=8)
+    embeddings = task_of(manifest).name == "feature-extraction"
+    table.add_column("cosine to fp32" if embeddings else "perplexity", min_width=8)
     table.add_column("verified vs eager", min_width=11)
     table.add_column("tok/s", justify="right", no_wrap=True)
     for variant in manifest.variants:
@@ -508,6 +509,13 @@ def ls_command(
             f"[dim]perplexity: on {qualities[0].tokens} tokens of English text, through the .pte; "
             "in brackets, its ratio to the fp32 model's[/dim]"
         )
+    if embeddings:
+        out.print(
+            "[dim]cosine to fp32: each file's sentence vectors against the fp32 model's on 64 sentences (mean, "
+            "worst); neighbours: the share whose nearest other sentence stays the same. ctx: most tokens a text "
+            "may have[/dim]"
+        )
+        return
     out.print(
         "[dim]ctx: tokens the cache holds; memory: resident memory of a process running the file to full "
         "context, measured at export (~: an estimate)[/dim]"

@@ -249,3 +249,24 @@ def test_each_encoder_family_exports_verified(model_type, tmp_path) -> None:
     (variant,) = manifest.variants
     assert variant.verification.verified and manifest.source["pooling"] == {"mode": "cls", "normalize": False}
     assert variant.verification.figures["min_cosine_vs_eager"] >= 0.995
+
+
+def test_an_embedding_repo_goes_through_push_ls_pull_and_embed(exported_bert, local_hub, tmp_path, capsys) -> None:
+    from huggingface_hub import ModelCard
+
+    from hub_export import pull, push
+
+    repo_id = "alice/tiny-bert-embeddings"
+    hub = dict(token=local_hub.alice_token, endpoint=local_hub.endpoint)
+    assert push(from_dir=str(exported_bert), repo_id=repo_id, **hub).pushed
+    assert ModelCard.load(repo_id, token=local_hub.alice_token).data.pipeline_tag == "feature-extraction"
+
+    code, out, _ = run_cli(["ls", repo_id, "--endpoint", local_hub.endpoint, "--token", local_hub.alice_token], capsys)
+    flat = " ".join(out.split())
+    assert code == 0 and "cosine to fp32" in flat and "model-8da8w-emb8w.pte" in flat and "neighbours" in flat
+
+    folder = pull(repo_id, variant="8da8w", output_dir=tmp_path / "pulled", **hub)
+    local = json.loads(run_cli(["embed", str(folder), "--json", "a short text"], capsys)[1])
+    code, out, _ = run_cli(["embed", repo_id, "--variant", "8da8w", "--json", "a short text",
+                            "--endpoint", local_hub.endpoint, "--token", local_hub.alice_token], capsys)  # fmt: skip
+    assert code == 0 and json.loads(out) == local and len(local[0]) == 64
