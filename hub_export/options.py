@@ -21,8 +21,9 @@ from __future__ import annotations
 
 import dataclasses
 import shlex
+from collections.abc import Iterator
 from dataclasses import dataclass, field
-from typing import Any, Iterator
+from typing import Any
 
 from . import quantize, tasks
 from .errors import InputError, declare_spellings, opt
@@ -32,33 +33,61 @@ DEFAULT_QUALITY_TOKENS = 2048  # hub_export.verify.DEFAULT_QUALITY_TOKENS, witho
 EXPORT_AND_PUSH = ("export", "push")
 SLIDING_CACHES = ("ring", "full")  # hub_export.kv_cache's layouts of a sliding-window layer
 KV_DTYPES = ("fp32", "int8")
+_KV_DTYPE_WORDS = {"fp32": "float", "int8": "int8: about a quarter of the memory"}  # a form's words for each
 SOURCE_OPTIONS = ("base_model", "license", "model_name", "revision", "gguf_file")
 _NOT_VARIANT_SETTINGS = {"qmodes", "jobs", "verify", "trust_remote_code", "allow_pickle", *SOURCE_OPTIONS}
 
 
 @dataclass(frozen=True)
 class FormControl:
-    """How a form offers an option: its label, and its choices or limits (what the library accepts)."""
+    """How a web form offers an option: its label, and its choices or limits (what the library accepts).
+
+    The limits and choices let the control refuse early what the library would refuse;
+    the library's own checks stay the rule (a form's values go through
+    :class:`ExportOptions` like the CLI's).
+    """
 
     label: str
     choices: tuple[tuple[str, Any], ...] = ()  # (shown, value); several may be picked when the option is a tuple
-    minimum: int | None = None
-    step: int | None = None
-    info: str | None = None  # the hint under the control (default: the option's help)
-    elem_id: str | None = None  # the page's id for it, which browser tests find it by
+    minimum: int | float | None = None
+    maximum: int | float | None = None
+    multiple_of: int | None = None  # the control steps by it
+    placeholder: str | None = None
+    info: str | None = None  # the hint under the control (default: the option's help, which speaks in CLI flags)
+
+    def choice_values(self) -> list[tuple[str, Any]]:
+        """The choices as a form sends them: text, with :data:`FORM_NONE` for the option's None."""
+        return [(shown, FORM_NONE if value is None else value) for shown, value in self.choices]
 
 
-def _option(default: Any, *flags: str, help: str, commands: tuple[str, ...] = EXPORT_AND_PUSH,
-            reproduce: bool = True, show_default: bool = True, form: FormControl | None = None) -> Any:
+FORM_NONE = "none"  # a form's value for an option's None choice (form values are text)
+
+
+def _option(
+    default: Any,
+    *flags: str,
+    help: str,
+    commands: tuple[str, ...] = EXPORT_AND_PUSH,
+    reproduce: bool = True,
+    show_default: bool = True,
+    form: FormControl | None = None,
+) -> Any:
     """A field of :class:`ExportOptions` with what a front end needs to offer it.
 
     ``flags``: the CLI's names (default: ``--field-name``); ``commands``: the CLI
     commands that take it; ``reproduce``: whether it belongs in the command that
     reproduces an export's files (``--jobs`` changes only how fast they are built);
-    ``form``: how the Space's export form offers it (not offered when None).
+    ``form``: how a web form offers it; the Space's export form shows the options that
+    have one, so giving an option a :class:`FormControl` is all it takes to offer it there.
     """
-    metadata = {"flags": flags, "help": help, "commands": commands, "reproduce": reproduce,
-                "show_default": show_default, "form": form}
+    metadata = {
+        "flags": flags,
+        "help": help,
+        "commands": commands,
+        "reproduce": reproduce,
+        "show_default": show_default,
+        "form": form,
+    }
     return field(default=default, metadata=metadata)
 
 
@@ -77,83 +106,153 @@ class ExportOptions:
     """
 
     qmodes: tuple[str, ...] = _option(
-        ("8da4w",), "--qmode", "-q", help=_qmode_help(),
-        form=FormControl("Variants", tuple((f"{m.name}: {m.description}", m.name) for m in quantize.QMODES.values()),
-                         info="One .pte file each; every one is verified.", elem_id="export-variants"))
+        ("8da4w",),
+        "--qmode",
+        "-q",
+        help=_qmode_help(),
+        form=FormControl(
+            "Variants",
+            tuple((f"{m.name}: {m.description}", m.name) for m in quantize.QMODES.values()),
+            info="One .pte file each; every one is verified.",
+        ),
+    )
     qembedding: str | None = _option(
-        None, help=f"Quantize the token embedding: {' or '.join(quantize.QEMBEDDINGS)} (default: float32).",
+        None,
+        help=f"Quantize the token embedding: {' or '.join(quantize.QEMBEDDINGS)} (default: float32).",
         show_default=False,
-        form=FormControl("Embedding quantization",
-                         (("none", None), *((f"{bits}-bit", name) for name, bits in quantize.QEMBEDDINGS.items())),
-                         info="Shrinks large vocabularies.", elem_id="export-embedding"))
+        form=FormControl(
+            "Embedding quantization",
+            (("none", None), *((f"{bits}-bit", name) for name, bits in quantize.QEMBEDDINGS.items())),
+            info="Shrinks large vocabularies.",
+        ),
+    )
     group_size: int = _option(
-        quantize.DEFAULT_GROUP_SIZE, help="Group size for grouped int4 weights (a multiple of 32).",
-        form=FormControl("Group size", minimum=32, step=32))
+        quantize.DEFAULT_GROUP_SIZE,
+        help="Group size for grouped int4 weights (a multiple of 32).",
+        form=FormControl("Group size", minimum=32, multiple_of=32),
+    )
     max_seq_len: int | None = _option(
-        None, help="KV cache length (prompt + generation). Default: min(model limit, 2048).", show_default=False,
-        form=FormControl("Max sequence length", minimum=0,
-                         info="Prompt + generated tokens; 0: the model's limit, at most 2048."))
+        None,
+        help="KV cache length (prompt + generation). Default: min(model limit, 2048).",
+        show_default=False,
+        form=FormControl(
+            "Max sequence length", minimum=0, info="Prompt + generated tokens; 0: the model's limit, at most 2048."
+        ),
+    )
     sliding_cache: str = _option(
-        "ring", "--sliding-cache",
-        help="Cache of sliding-window layers: ring (keeps the window, exact) or full (every position, masked).")
+        "ring",
+        "--sliding-cache",
+        help="Cache of sliding-window layers: ring (keeps the window, exact) or full (every position, masked).",
+    )
     kv_cache: str = _option(
-        "fp32", "--kv-cache",
+        "fp32",
+        "--kv-cache",
         help="KV cache values: fp32, or int8 (per token and head, about a quarter of the memory; costs some accuracy).",
-        form=FormControl("KV cache", (("float", "fp32"), ("int8: about a quarter of the memory", "int8")),
-                         info="Keys and values kept per token; int8 costs some accuracy (shown in the table).",
-                         elem_id="export-kv-cache"))
+        form=FormControl(
+            "KV cache",
+            tuple((_KV_DTYPE_WORDS[name], name) for name in KV_DTYPES),
+            info="Keys and values kept per token; int8 costs some accuracy (shown in the table).",
+        ),
+    )
     attention_sink: str | None = _option(
-        None, "--attention-sink", show_default=False,
+        None,
+        "--attention-sink",
+        show_default=False,
         help="SINK,WINDOW (e.g. 4,2044): keep the first SINK tokens and the last WINDOW, and generate past the cache "
-             "(StreamingLLM); the cache holds SINK+WINDOW positions, rope positions wrap within it.")
-    verify: bool = _option(True, help="Verify each .pte against the eager model and in TextLLMRunner.",
-                           commands=("export",), reproduce=False)
+        "(StreamingLLM); the cache holds SINK+WINDOW positions, rope positions wrap within it.",
+    )
+    verify: bool = _option(
+        True,
+        help="Verify each .pte against the eager model and in TextLLMRunner.",
+        commands=("export",),
+        reproduce=False,
+    )
     jobs: int | None = _option(
-        None, "--jobs", "-j", reproduce=False, show_default=False,
-        help="Variants to build at once, each in its own process (default: as many as cores and memory allow).")
+        None,
+        "--jobs",
+        "-j",
+        reproduce=False,
+        show_default=False,
+        help="Variants to build at once, each in its own process (default: as many as cores and memory allow).",
+    )
     share_embeddings: bool = _option(
-        False, "--share-embeddings",
+        False,
+        "--share-embeddings",
         help="Store a tied embedding table once: each variant becomes a .pte plus a .ptd data file (needs "
-             f"--qembedding 8w; qmodes {', '.join(quantize.SHAREABLE_QMODES)}).")
+        f"--qembedding 8w; qmodes {', '.join(quantize.SHAREABLE_QMODES)}).",
+    )
     int4_scales: str = _option(
-        "hqq", "--int4-scales",
+        "hqq",
+        "--int4-scales",
         help=f"How int4 scales are chosen: {' or '.join(quantize.INT4_SCALES)} (hqq: torchao's HQQ scale search, the "
-             "same format and speed; minmax: each group's largest weight).")
+        "same format and speed; minmax: each group's largest weight).",
+    )
     max_size_ratio: float | None = _option(
-        None, "--max-size-ratio", show_default=False,
+        None,
+        "--max-size-ratio",
+        show_default=False,
         help="--qmode mixed: keep layers int8 while the file stays within this size relative to plain 8da4w "
-             "(default 1.15, or no limit with --max-ppl-ratio).")
+        "(default 1.15, or no limit with --max-ppl-ratio).",
+    )
     max_ppl_ratio: float | None = _option(
-        None, "--max-ppl-ratio", show_default=False,
+        None,
+        "--max-ppl-ratio",
+        show_default=False,
         help="--qmode mixed: keep the most sensitive layers int8 until perplexity on the calibration text is "
-             "within this ratio of fp32's.")
+        "within this ratio of fp32's.",
+    )
     calibration: bool = _option(
-        True, help="--qmode mixed: measure each layer's sensitivity on the calibration text (off: plain int4).")
+        True, help="--qmode mixed: measure each layer's sensitivity on the calibration text (off: plain int4)."
+    )
     quality_tokens: int = _option(
-        DEFAULT_QUALITY_TOKENS, "--quality-tokens",
-        help="Tokens of English text each variant is scored on (perplexity, top-1, KL vs fp32); 0: off.")
+        DEFAULT_QUALITY_TOKENS,
+        "--quality-tokens",
+        help="Tokens of English text each variant is scored on (perplexity, top-1, KL vs fp32); 0: off.",
+    )
     gguf_file: str | None = _option(
-        None, "--gguf-file", show_default=False,
-        help="Read the weights from this .gguf file in the repo or folder (dequantized; tokenizer from its metadata).")
+        None,
+        "--gguf-file",
+        show_default=False,
+        help="Read the weights from this .gguf file in the repo or folder (dequantized; tokenizer from its metadata).",
+    )
     base_model: str | None = _option(
-        None, "--base-model", show_default=False,
+        None,
+        "--base-model",
+        show_default=False,
         help="Hub id (ORG/NAME) of the model a local or GGUF source is a copy of: the card links it, sets base_model "
-             "and inherits its license and language.")
+        "and inherits its license and language.",
+    )
     license: str | None = _option(
-        None, "--license", show_default=False,
-        help="License id for the card (e.g. apache-2.0), over the one inherited from the source's card.")
+        None,
+        "--license",
+        show_default=False,
+        help="License id for the card (e.g. apache-2.0), over the one inherited from the source's card.",
+    )
     model_name: str | None = _option(
-        None, "--model-name", show_default=False,
-        help="The model's name for the card's title (default: --base-model, else the source's id or folder name).")
-    revision: str | None = _option(None, help="Branch, tag or commit of the SOURCE repo to export.",
-                                   show_default=False, form=FormControl("Revision", info="Branch, tag or commit."))
+        None,
+        "--model-name",
+        show_default=False,
+        help="The model's name for the card's title (default: --base-model, else the source's id or folder name).",
+    )
+    revision: str | None = _option(
+        None,
+        help="Branch, tag or commit of the SOURCE repo to export.",
+        show_default=False,
+        form=FormControl("Revision", placeholder="main", info="Branch, tag or commit."),
+    )
     trust_remote_code: bool = _option(False, help="Allow models that need custom code from the repo.")
     allow_pickle: bool = _option(False, help="Allow pickle (*.bin) weights, which can run code when loaded.")
     task: str | None = _option(
-        None, "--task", show_default=False,
+        None,
+        "--task",
+        show_default=False,
         help=f"What the file does: {' or '.join(tasks.TASKS)} (default: read from the model's architecture).",
-        form=FormControl("Task", (("from the model", None), *((name, name) for name in tasks.TASKS)),
-                         info="Text generation for causal LMs, sentence embeddings for encoders."))
+        form=FormControl(
+            "Task",
+            (("from the model", None), *((name, name) for name in tasks.TASKS)),
+            info="Text generation for causal LMs, sentence embeddings for encoders.",
+        ),
+    )
 
     def __post_init__(self) -> None:
         # Lists are welcome (the CLI gives one); a tuple keeps the object hashable and frozen.
@@ -165,7 +264,9 @@ class ExportOptions:
         if not self.qmodes:
             raise InputError(f"give at least one {opt('qmodes')}")
         if self.quality_tokens < 0:
-            raise InputError(f"{opt('quality_tokens')} must be 0 (off) or more (got {self.quality_tokens})", param="quality_tokens")
+            raise InputError(
+                f"{opt('quality_tokens')} must be 0 (off) or more (got {self.quality_tokens})", param="quality_tokens"
+            )
         if self.jobs is not None and self.jobs < 1:
             raise InputError(f"{opt('jobs')} must be at least 1 (got {self.jobs})", param="jobs")
         if self.share_embeddings:
@@ -174,7 +275,8 @@ class ExportOptions:
                 raise InputError(
                     f"{opt('share_embeddings')} needs {opt('qembedding')} 8w and qmodes among "
                     f"{', '.join(quantize.SHAREABLE_QMODES)} (the output projection must be 8-bit per row like the "
-                    f"table){'; drop ' + ', '.join(others) if others else ''}", param="share_embeddings",
+                    f"table){'; drop ' + ', '.join(others) if others else ''}",
+                    param="share_embeddings",
                 )
         quantize.validate(list(self.qmodes), self.qembedding, self.group_size)
         if self.task is not None:
@@ -186,20 +288,30 @@ class ExportOptions:
 
     def _validate_cache(self) -> None:
         if self.sliding_cache not in SLIDING_CACHES:
-            raise InputError(f"unknown {opt('sliding_cache')} {self.sliding_cache!r}; choose from "
-                             f"{', '.join(SLIDING_CACHES)}", param="sliding_cache")
+            raise InputError(
+                f"unknown {opt('sliding_cache')} {self.sliding_cache!r}; choose from {', '.join(SLIDING_CACHES)}",
+                param="sliding_cache",
+            )
         if self.kv_cache not in KV_DTYPES:
-            raise InputError(f"unknown {opt('kv_cache')} {self.kv_cache!r}; choose from {', '.join(KV_DTYPES)}",
-                             param="kv_cache")
+            raise InputError(
+                f"unknown {opt('kv_cache')} {self.kv_cache!r}; choose from {', '.join(KV_DTYPES)}", param="kv_cache"
+            )
         if self.attention_sink is None:
             return
         self.sink()  # parses or raises
         if self.sliding_cache == "full":
-            raise InputError(f"{opt('attention_sink')} keeps every layer in a ring buffer; it cannot keep "
-                             f"{opt('sliding_cache')} full", param="attention_sink", hint=f"drop {opt('sliding_cache')} full")
+            raise InputError(
+                f"{opt('attention_sink')} keeps every layer in a ring buffer; it cannot keep "
+                f"{opt('sliding_cache')} full",
+                param="attention_sink",
+                hint=f"drop {opt('sliding_cache')} full",
+            )
         if self.max_seq_len is not None:
-            raise InputError(f"{opt('attention_sink')} SINK,WINDOW sets the cache size (SINK+WINDOW positions); "
-                             f"drop {opt('max_seq_len')}", param="attention_sink")
+            raise InputError(
+                f"{opt('attention_sink')} SINK,WINDOW sets the cache size (SINK+WINDOW positions); "
+                f"drop {opt('max_seq_len')}",
+                param="attention_sink",
+            )
 
     def sink(self) -> tuple[int, int] | None:
         """``--attention-sink`` as (sink tokens, window tokens), or None."""
@@ -207,32 +319,49 @@ class ExportOptions:
             return None
         parts = str(self.attention_sink).replace(" ", "").split(",")
         if len(parts) != 2 or not all(part.isdigit() for part in parts):
-            raise InputError(f"{opt('attention_sink')} takes SINK,WINDOW, two whole numbers such as 4,2044 "
-                             f"(got {self.attention_sink!r})", param="attention_sink")
+            raise InputError(
+                f"{opt('attention_sink')} takes SINK,WINDOW, two whole numbers such as 4,2044 "
+                f"(got {self.attention_sink!r})",
+                param="attention_sink",
+            )
         sink, window = int(parts[0]), int(parts[1])
         if not 1 <= sink <= 1024 or not 2 <= window <= 1 << 20:
-            raise InputError(f"{opt('attention_sink')} needs 1 to 1024 sink tokens and a window of 2 or more "
-                             f"(got {sink},{window})", param="attention_sink")
+            raise InputError(
+                f"{opt('attention_sink')} needs 1 to 1024 sink tokens and a window of 2 or more (got {sink},{window})",
+                param="attention_sink",
+            )
         return sink, window
 
     def _validate_recipe(self) -> None:
         if self.int4_scales not in quantize.INT4_SCALES:
-            raise InputError(f"unknown {opt('int4_scales')} {self.int4_scales!r}; choose from "
-                             f"{', '.join(quantize.INT4_SCALES)}", param="int4_scales")
+            raise InputError(
+                f"unknown {opt('int4_scales')} {self.int4_scales!r}; choose from {', '.join(quantize.INT4_SCALES)}",
+                param="int4_scales",
+            )
         budgets = [name for name in ("max_size_ratio", "max_ppl_ratio") if getattr(self, name) is not None]
         calibrated = [mode for mode in self.qmodes if quantize.QMODES[mode].calibrated]
         if budgets and not calibrated:
-            raise InputError(f"{opt(budgets[0])} sets the budget of {opt('qmodes')} mixed", param=budgets[0],
-                             hint=f"add {opt('qmodes')} mixed, or drop {opt(budgets[0])}")
+            raise InputError(
+                f"{opt(budgets[0])} sets the budget of {opt('qmodes')} mixed",
+                param=budgets[0],
+                hint=f"add {opt('qmodes')} mixed, or drop {opt(budgets[0])}",
+            )
         if budgets and not self.calibration:
-            raise InputError(f"{opt(budgets[0])} needs the calibration that {opt('no_calibration')} turns off",
-                             param=budgets[0], hint="drop one of them")
+            raise InputError(
+                f"{opt(budgets[0])} needs the calibration that {opt('no_calibration')} turns off",
+                param=budgets[0],
+                hint="drop one of them",
+            )
         if self.max_size_ratio is not None and not 1.0 <= self.max_size_ratio <= 4.0:
-            raise InputError(f"{opt('max_size_ratio')} must be between 1.0 (plain 8da4w's size) and 4.0 "
-                             f"(got {self.max_size_ratio})", param="max_size_ratio")
+            raise InputError(
+                f"{opt('max_size_ratio')} must be between 1.0 (plain 8da4w's size) and 4.0 (got {self.max_size_ratio})",
+                param="max_size_ratio",
+            )
         if self.max_ppl_ratio is not None and not self.max_ppl_ratio > 1.0:
-            raise InputError(f"{opt('max_ppl_ratio')} must be above 1.0, fp32's perplexity (got {self.max_ppl_ratio})",
-                             param="max_ppl_ratio")
+            raise InputError(
+                f"{opt('max_ppl_ratio')} must be above 1.0, fp32's perplexity (got {self.max_ppl_ratio})",
+                param="max_ppl_ratio",
+            )
 
     @property
     def size_budget(self) -> float | None:
@@ -245,7 +374,7 @@ class ExportOptions:
         """The quantization recipe of these options (``eight_bit``: the calibrated plan's int8 layers)."""
         return quantize.Recipe(scales=self.int4_scales, eight_bit=eight_bit)
 
-    def replace(self, **changes: Any) -> "ExportOptions":
+    def replace(self, **changes: Any) -> ExportOptions:
         """A copy with ``changes``, validated again."""
         return dataclasses.replace(self, **changes)
 
@@ -285,8 +414,11 @@ class ExportOptions:
         where the source comes from (its fingerprint decides), what the card declares, and
         what changes only how the work is done (jobs, verification, permissions).
         """
-        return {spec.name: list(value) if isinstance(value := getattr(self, spec.name), tuple) else value
-                for spec in dataclasses.fields(self) if spec.name not in _NOT_VARIANT_SETTINGS}
+        return {
+            spec.name: list(value) if isinstance(value := getattr(self, spec.name), tuple) else value
+            for spec in dataclasses.fields(self)
+            if spec.name not in _NOT_VARIANT_SETTINGS
+        }
 
     def command(self, source: str, verb: str = "export") -> str:
         """The shell command that reproduces these files from ``source``."""
@@ -328,9 +460,27 @@ def form_fields() -> list[dataclasses.Field]:
     return [spec for spec in dataclasses.fields(ExportOptions) if spec.metadata["form"] is not None]
 
 
-def help_text(name: str) -> str:
-    """The help text of option ``name``, for front ends that label a control with it."""
-    return next(spec.metadata["help"] for spec in option_fields() if spec.name == name)
+# What a form asks for, by the option's type (annotations are text here: postponed by the __future__ import).
+_FORM_KINDS = {"bool": "flag", "int": "whole", "float": "number", "str": "text"}
+
+
+def form_kind(spec: dataclasses.Field) -> str:
+    """How a form asks for option ``spec``: ``several`` of its choices, ``one`` of them, or a
+    ``flag``, ``whole`` number, ``number`` or ``text``.
+
+    Raises:
+        TypeError: the option's type is one no form control holds (a new kind of option
+            needs its control in the Space and its reading in ``service.options_from_form``).
+    """
+    declared = str(spec.type)
+    if declared.startswith("tuple"):
+        return "several"
+    if spec.metadata["form"] is not None and spec.metadata["form"].choices:
+        return "one"
+    base = declared.split("|")[0].strip()
+    if base not in _FORM_KINDS:
+        raise TypeError(f"ExportOptions.{spec.name}: no form control holds a {declared}")
+    return _FORM_KINDS[base]
 
 
 def variant_filename(qmode: str, qembedding: str | None) -> str:
@@ -339,8 +489,24 @@ def variant_filename(qmode: str, qembedding: str | None) -> str:
 
 
 # Arguments of the CLI's commands that are not export options, as errors name them.
-_COMMAND_SPELLINGS = {"from_dir": "--from", "output": "-o/--output", "no_chat": "--no-chat", "exist_ok": "--exist-ok",
-                      "no_calibration": "--no-calibration"}
+_COMMAND_SPELLINGS = {
+    "from_dir": "--from",
+    "output": "-o/--output",
+    "no_chat": "--no-chat",
+    "exist_ok": "--exist-ok",
+    "no_calibration": "--no-calibration",
+}
 declare_spellings({**_COMMAND_SPELLINGS, **{spec.name: cli_flags(spec)[0] for spec in option_fields()}})
 
-__all__ = ["ExportOptions", "FormControl", "form_fields", "options_with", "option_fields", "cli_flags", "help_text", "variant_filename", "DEFAULT_QUALITY_TOKENS"]
+__all__ = [
+    "ExportOptions",
+    "FormControl",
+    "FORM_NONE",
+    "form_fields",
+    "form_kind",
+    "options_with",
+    "option_fields",
+    "cli_flags",
+    "variant_filename",
+    "DEFAULT_QUALITY_TOKENS",
+]

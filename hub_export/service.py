@@ -21,25 +21,27 @@ Example:
 
 from __future__ import annotations
 
+import dataclasses
 import logging
 import queue
 import shutil
 import tempfile
 import threading
 import traceback
+from collections.abc import Callable, Iterator, Mapping
 from contextlib import contextmanager
 from dataclasses import dataclass, field
 from pathlib import Path
-from typing import Any, Callable, Iterator, Mapping
+from typing import Any
 
+from .card import human_size, variant_facts
+from .errors import HubExportError, InputError, Namer, cli_name, opt
+from .generate import GenerationResult, Sampling, stream_generate
 from .hub import check_repo_id, default_repo_name, read_card
+from .manifest import Manifest
+from .options import FORM_NONE, ExportOptions, form_fields, form_kind
 from .pull import list_variants, pull
 from .push import PushResult, push
-from .card import human_size, variant_facts
-from .errors import HubExportError, InputError, Namer, cli_name
-from .generate import GenerationResult, Sampling, stream_generate
-from .manifest import Manifest
-from .options import ExportOptions, form_fields
 from .redact import Redactor
 
 log = logging.getLogger(__name__)
@@ -84,7 +86,7 @@ def source_id(text: str | None, endpoint: str, *, allow_local: bool) -> str:
     source = (text or "").strip()
     for prefix in (endpoint.rstrip("/") + "/", "https://huggingface.co/"):
         if source.startswith(prefix):
-            source = "/".join(source[len(prefix):].strip("/").split("/")[:2])
+            source = "/".join(source[len(prefix) :].strip("/").split("/")[:2])
     if not source:
         raise InputError("enter the source model's id, e.g. HuggingFaceTB/SmolLM2-135M")
     looks_local = source.startswith(("/", ".", "~")) or Path(source).expanduser().is_dir()
@@ -104,41 +106,62 @@ class ExportRequest:
 
 
 def options_from_form(values: Mapping[str, Any]) -> ExportOptions:
-    """The :class:`ExportOptions` of a form's values, by option name (the fields of :func:`form_fields`).
+    """The one :class:`ExportOptions` of an export form's values (or the same HTTP API arguments).
 
-    Each value is read by its option's type: several choices for a tuple, a whole number
-    (blank or 0: the default) for an int, text (blank: the default) otherwise. The checks
-    are the library's own, so the form refuses exactly what the CLI refuses. A service
-    never runs code from the models it converts: ``trust_remote_code`` stays off.
+    ``values`` are keyed by option name (those of :func:`~hub_export.options.form_fields`);
+    an option left out keeps its default. Each value is read by its option's kind
+    (:func:`~hub_export.options.form_kind`), then the library checks them all, so the
+    form refuses exactly what the CLI refuses, in the same words with the form's labels.
+    A service never runs code from the models it converts: ``trust_remote_code`` stays off.
 
     Raises:
-        InputError: a value the library refuses, worded with the option's name.
+        InputError: a value the library refuses, naming the option (``param``).
     """
-    chosen: dict[str, Any] = {}
-    for spec in form_fields():
-        if spec.name in values:
-            chosen[spec.name] = _form_value(spec, values[spec.name])
-    if "qmodes" in chosen and not chosen["qmodes"]:
-        raise InputError("pick at least one variant to export", param="qmodes")
+    chosen = {spec.name: _form_value(spec, values[spec.name]) for spec in form_fields() if spec.name in values}
     return ExportOptions(**chosen, trust_remote_code=False)
 
 
-def _form_value(spec, value: Any) -> Any:
-    """One form value as its option's type; blank (and 0 for a count) means the option's default."""
-    kind, label = str(spec.type), spec.metadata["form"].label
-    if kind.startswith("tuple"):
-        return tuple(dict.fromkeys(value or []))
-    if kind.startswith("int"):
-        return whole_number(value, label) or spec.default
-    text = str(value).strip() if value is not None else ""
-    return text if text and text != "none" else spec.default
+def shown_default(spec: dataclasses.Field) -> Any:
+    """What a form shows for the default of option ``spec``; :func:`options_from_form` reads it back as the default.
+
+    A number box cannot be blank, so a number option whose default is None ("the
+    library decides") shows 0, and 0 reads back as None.
+    """
+    kind, default = form_kind(spec), spec.default
+    if kind == "several":
+        return list(default)
+    if kind == "one":
+        return FORM_NONE if default is None else default
+    if kind in ("whole", "number"):
+        return 0 if default is None else default
+    return "" if default is None else default
 
 
-def export_request(source: Any, options: Mapping[str, Any], repo_name: Any, private: Any, *, endpoint: str,
-                   allow_local: bool = False) -> ExportRequest:
+def _form_value(spec: dataclasses.Field, value: Any) -> Any:
+    """One form value as option ``spec`` takes it; blank means its default (see :func:`shown_default`)."""
+    kind, default = form_kind(spec), spec.default
+    if kind == "several":
+        picked = tuple(dict.fromkeys(value or []))  # a double tick is one pick
+        if not picked:
+            raise InputError(f"pick at least one of {opt(spec.name)}", param=spec.name)
+        return picked
+    if kind in ("whole", "number"):
+        parsed = number(value, opt(spec.name), default, whole=kind == "whole")
+        return None if parsed == 0 and default is None else parsed
+    if kind == "flag":
+        return default if value is None else bool(value)
+    text = "" if value is None else str(value).strip()
+    if kind == "one" and text == FORM_NONE and None in dict(spec.metadata["form"].choices).values():
+        return None
+    return text or default
+
+
+def export_request(
+    source: Any, options: Mapping[str, Any], repo_name: Any, private: Any, *, endpoint: str, allow_local: bool = False
+) -> ExportRequest:
     """Check an export form (or the same API arguments) into an :class:`ExportRequest`.
 
-    ``options`` are the form's option values by name (see :func:`options_from_form`).
+    ``options``: the form's option values by name (see :func:`options_from_form`).
     """
     source = source_id(source, endpoint, allow_local=allow_local)
     options = options_from_form(options)
@@ -172,8 +195,13 @@ def sampling_from_form(temperature: Any, top_p: Any, top_k: Any, repetition_pena
 
 
 def preview_request(
-    repo_id: str | None, variant: str | None, prompt: str | None, max_new_tokens: Any, chat: Any,
-    system: str | None = None, sampling: Sampling | None = None,
+    repo_id: str | None,
+    variant: str | None,
+    prompt: str | None,
+    max_new_tokens: Any,
+    chat: Any,
+    system: str | None = None,
+    sampling: Sampling | None = None,
 ) -> PreviewRequest:
     """Check a preview form (and API arguments) before anything is downloaded.
 
@@ -194,8 +222,15 @@ def preview_request(
         raise InputError(f"Max new tokens is at most {MAX_NEW_TOKENS} here (got {limit})")
     sampling = sampling or Sampling()
     sampling.check()  # the library's rules and words; here, so a bad value fails before the download
-    return PreviewRequest(repo_id, (variant or "").strip() or None, prompt, limit, None if chat else False,
-                          (system or "").strip() or None, sampling)
+    return PreviewRequest(
+        repo_id,
+        (variant or "").strip() or None,
+        prompt,
+        limit,
+        None if chat else False,
+        (system or "").strip() or None,
+        sampling,
+    )
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -251,7 +286,7 @@ class BackgroundJob:
                     self.result = self._work(folder, self._queue.put)
             finally:
                 self._slots.release()
-        except BaseException as error:  # noqa: BLE001 - handed to the handler, which reports it
+        except BaseException as error:  # handed to the handler, which reports it
             self.error = error
         finally:
             self._queue.put(self._DONE)  # last: the folder is gone and the slot free by now
@@ -305,8 +340,9 @@ class Published:
     read_error: HubExportError | None = None
 
 
-def publish_and_read_back(request: ExportRequest, repo_id: str, token: str, endpoint: str, folder: Path,
-                          emit: Emit, engine: Any = None) -> Published:
+def publish_and_read_back(
+    request: ExportRequest, repo_id: str, token: str, endpoint: str, folder: Path, emit: Emit, engine: Any = None
+) -> Published:
     """Export and push ``request`` with downloads and the export inside ``folder``; then read back what was published.
 
     ``folder`` is the job's: removed afterwards, so a service's disk does not grow. With
@@ -316,9 +352,16 @@ def publish_and_read_back(request: ExportRequest, repo_id: str, token: str, endp
     """
     on_cluster = engine is not None and engine.name != "local"
     result = push(
-        request.source, repo_id, request.options, private=request.private, output_dir=folder / "export",
-        cache_dir=None if on_cluster else folder / "downloads", token=token, endpoint=endpoint,
-        progress=lambda event: emit(("stage", event)), engine=engine,
+        request.source,
+        repo_id,
+        request.options,
+        private=request.private,
+        output_dir=folder / "export",
+        cache_dir=None if on_cluster else folder / "downloads",
+        token=token,
+        endpoint=endpoint,
+        progress=lambda event: emit(("stage", event)),
+        engine=engine,
     )
     revision = result.commit_oid  # what this job published, even if the repo moved on since
     try:
@@ -337,8 +380,15 @@ def preview(request: PreviewRequest, token: str | None, endpoint: str, folder: P
     chosen = manifest.variant(request.variant) if request.variant else manifest.variants[0]
     emit(("stage", f"generating with {chosen.file}"))
     pieces, last = [], None
-    for last in stream_generate(files / chosen.file, files, request.prompt, max_new_tokens=request.max_new_tokens,
-                                sampling=request.sampling, chat=request.chat, system=request.system):
+    for last in stream_generate(
+        files / chosen.file,
+        files,
+        request.prompt,
+        max_new_tokens=request.max_new_tokens,
+        sampling=request.sampling,
+        chat=request.chat,
+        system=request.system,
+    ):
         if last.text:
             pieces.append(last.text)
             emit(("text", last.text))
@@ -371,13 +421,19 @@ def card_markdown(text: str) -> str:
     if text.startswith("---\n"):
         end = text.find("\n---", 4)
         if end != -1:
-            front, body = text[4:end], text[end + 4:].lstrip("\n")
+            front, body = text[4:end], text[end + 4 :].lstrip("\n")
             return f"```yaml\n{front}\n```\n\n{body}"
     return text
 
 
-def failure_line(error: BaseException, job_id: str, redact: Redactor, name: Namer = cli_name,
-                 hints: Mapping[str, str] | None = None, logs: str = "the service's logs") -> str:
+def failure_line(
+    error: BaseException,
+    job_id: str,
+    redact: Redactor,
+    name: Namer = cli_name,
+    hints: Mapping[str, str] | None = None,
+    logs: str = "the service's logs",
+) -> str:
     """The one line a user sees for ``error``, worded with ``name`` and ``hints``; never a traceback.
 
     Unexpected errors are logged (redacted) with their traceback for whoever runs the

@@ -21,7 +21,7 @@ bundle() {
         exit 2
     fi
     mkdir -p "$out"
-    cp space/README.md space/app.py space/layout.py space/settings.py space/wording.py space/page.css space/page.js \
+    cp space/README.md space/*.py space/page.css space/page.js \
         space/requirements.txt "$out/"
     # Install (not copy) the package next to app.py: the .dist-info it writes is how the
     # exported files' manifests and cards learn the hub-export version.

@@ -5,6 +5,7 @@ the page readable (contrast, wrapping, a phone's one column) and accessible (nam
 Gradio leaves out, output boxes reachable by keyboard).
 """
 
+import dataclasses
 import json
 from dataclasses import dataclass, field
 from pathlib import Path
@@ -13,10 +14,10 @@ from typing import Any
 import gradio as gr
 import pandas as pd
 
-from hub_export.hub import default_repo_name
 from hub_export.generate import Sampling
-from hub_export.options import form_fields
-from hub_export.service import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, TABLE_HEADERS
+from hub_export.hub import default_repo_name
+from hub_export.options import form_fields, form_kind
+from hub_export.service import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, TABLE_HEADERS, shown_default
 
 HERE = Path(__file__).parent
 # Words, not emoji: status lines are read by API clients and screen readers too.
@@ -84,29 +85,43 @@ def access_row(use_oauth: bool, env_token_allowed: bool) -> gr.Textbox:
         )
 
 
-def option_control(spec) -> gr.components.Component:
-    """The control of one export option, from its declared :class:`~hub_export.options.FormControl`."""
-    form = spec.metadata["form"]
-    common = dict(label=form.label, info=form.info or spec.metadata["help"], elem_id=form.elem_id)
-    if form.choices:
-        # Gradio's choices hold strings: an option's None ("the default") is offered as "none".
-        choices = [(shown, "none" if value is None else value) for shown, value in form.choices]
-        default = spec.default
-        if str(spec.type).startswith("tuple"):
-            return gr.CheckboxGroup(choices, value=list(default), **common)
-        return gr.Radio(choices, value="none" if default is None else default, **common)
-    if str(spec.type).startswith("int"):
-        return gr.Number(spec.default or 0, precision=0, minimum=form.minimum, step=form.step or 1, **common)
-    return gr.Textbox(spec.default or "", **common)
+def option_elem_id(spec: dataclasses.Field) -> str:
+    """The page's id of an option's control (``export-group-size``), for page.js and browser tests."""
+    return "export-" + spec.name.replace("_", "-")
+
+
+def option_control(spec: dataclasses.Field) -> gr.components.Component:
+    """The control of one export option, from its :class:`~hub_export.options.FormControl`: the library's choices
+    and limits, its default as :func:`~hub_export.service.options_from_form` reads it back."""
+    form, kind, shown = spec.metadata["form"], form_kind(spec), shown_default(spec)
+    common = dict(label=form.label, info=form.info or spec.metadata["help"], elem_id=option_elem_id(spec))
+    if kind == "several":
+        return gr.CheckboxGroup(form.choice_values(), value=shown, **common)
+    if kind == "one":
+        return gr.Radio(form.choice_values(), value=shown, **common)
+    if kind == "flag":
+        return gr.Checkbox(value=shown, **common)
+    if kind in ("whole", "number"):
+        steps = {"step": form.multiple_of} if form.multiple_of else {}
+        return gr.Number(
+            shown,
+            precision=0 if kind == "whole" else None,
+            minimum=form.minimum,
+            maximum=form.maximum,
+            **steps,
+            **common,
+        )
+    return gr.Textbox(shown, placeholder=form.placeholder, **common)
 
 
 def option_controls() -> dict[str, gr.components.Component]:
-    """One control per option the form offers, by option name, in rows of three (ExportOptions declares them)."""
+    """One control per option the form offers, by option name, in rows of three, in the order ExportOptions
+    declares them: an option given a FormControl appears here with no change to the Space."""
     controls: dict[str, gr.components.Component] = {}
     specs = form_fields()
     for row in range(0, len(specs), 3):
         with gr.Row():
-            for spec in specs[row:row + 3]:
+            for spec in specs[row : row + 3]:
                 controls[spec.name] = option_control(spec)
     return controls
 
@@ -116,8 +131,7 @@ def export_tab(allow_local_sources: bool) -> dict[str, Any]:
     with gr.Row():
         ui["source"] = gr.Textbox(
             label="Source model",
-            placeholder="HuggingFaceTB/SmolLM2-135M"
-            + (" or a local folder" if allow_local_sources else ""),
+            placeholder="HuggingFaceTB/SmolLM2-135M" + (" or a local folder" if allow_local_sources else ""),
             info="A transformers causal LM or sentence encoder with safetensors weights; remote code is refused.",
             scale=3,
         )
@@ -194,14 +208,21 @@ def sampling_controls() -> dict[str, Any]:
     return ui
 
 
-# Accessible names Gradio leaves out, by elem_id (space/page.js sets them).
+# Accessible names Gradio leaves out, by elem_id (space/page.js sets them): a group of choices has no legend.
 ACCESSIBLE_NAMES = {
-    "export-variants": "Variants",
-    "export-embedding": "Embedding quantization",
+    **{
+        option_elem_id(spec): spec.metadata["form"].label
+        for spec in form_fields()
+        if form_kind(spec) in ("several", "one")
+    },
     "export-log": "Log",
     "preview-text": "Generated text",
 }
-PAGE_SCRIPT = "<script>\n" + (HERE / "page.js").read_text().replace("__ACCESSIBLE_NAMES__", json.dumps(ACCESSIBLE_NAMES)) + "</script>"
+PAGE_SCRIPT = (
+    "<script>\n"
+    + (HERE / "page.js").read_text().replace("__ACCESSIBLE_NAMES__", json.dumps(ACCESSIBLE_NAMES))
+    + "</script>"
+)
 PAGE_CSS = (HERE / "page.css").read_text()  # contrast, word wrapping, one column on a phone
 
 

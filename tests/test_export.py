@@ -330,9 +330,9 @@ def test_verification_tells_a_bug_in_hub_export_from_a_broken_file(exported_mult
 
 
 def test_failed_verification_fails_the_command_and_leaves_nothing(tiny_model, tmp_path, capsys, monkeypatch):
-    import hub_export.lower as lower_module
+    import hub_export.build as build_module  # the build stage calls the lowering through this name
 
-    real_to_pte = lower_module.to_pte
+    real_to_pte = build_module.to_pte
 
     def corrupting_to_pte(program, metadata, path, data_path=None, **options):
         size = real_to_pte(program, metadata, path, data_path, **options)
@@ -341,7 +341,7 @@ def test_failed_verification_fails_the_command_and_leaves_nothing(tiny_model, tm
         path.write_bytes(bytes(data))
         return size
 
-    monkeypatch.setattr(lower_module, "to_pte", corrupting_to_pte)
+    monkeypatch.setattr(build_module, "to_pte", corrupting_to_pte)
     out = tmp_path / "out"
     code, _, err = run_cli(["export", str(tiny_model), "-o", str(out), "-q", "fp32", "--max-seq-len", "32"], capsys)
     assert code == 4

@@ -233,11 +233,7 @@ def test_the_space_hands_its_export_to_the_cluster_and_still_streams_its_log(
     updates = list(
         jobs.export(
             str(second_model),
-            "",
-            ["fp32"],
-            "none",
-            "",
-            64,
+            {"qmodes": ["fp32"], "max_seq_len": 64},
             "alice/tiny-space-ray",
             False,
             local_hub.alice_token,

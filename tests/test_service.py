@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import dataclasses
 import threading
 import time
 from pathlib import Path
@@ -10,6 +11,8 @@ import pytest
 
 from hub_export.errors import InputError, opt
 from hub_export.generate import Sampling
+from hub_export.options import KV_DTYPES, ExportOptions, form_fields, form_kind
+from hub_export.quantize import QEMBEDDINGS, QMODES
 from hub_export.redact import Redactor
 from hub_export.service import (
     TABLE_HEADERS,
@@ -18,17 +21,24 @@ from hub_export.service import (
     card_markdown,
     export_request,
     failure_line,
+    options_from_form,
     preview_request,
+    shown_default,
     source_id,
     variant_rows,
 )
+from hub_export.tasks import TASKS
 
 HUB = "https://hub.example"
 
 
 def test_a_pasted_model_url_or_id_is_the_source_and_a_path_is_refused_on_a_public_service(tmp_path: Path) -> None:
-    for text in ("acme/Model", " https://hub.example/acme/Model ", "https://huggingface.co/acme/Model/tree/v2",
-                 "https://hub.example/acme/Model/blob/main/config.json"):
+    for text in (
+        "acme/Model",
+        " https://hub.example/acme/Model ",
+        "https://huggingface.co/acme/Model/tree/v2",
+        "https://hub.example/acme/Model/blob/main/config.json",
+    ):
         assert source_id(text, HUB, allow_local=False) == "acme/Model", text
     with pytest.raises(InputError, match="not a Hub model id"):
         source_id(str(tmp_path), HUB, allow_local=False)
@@ -38,37 +48,62 @@ def test_a_pasted_model_url_or_id_is_the_source_and_a_path_is_refused_on_a_publi
 
 
 def _form(**values):
-    """A form's option values: the defaults the page shows, with ``values`` typed over them."""
-    shown = {"qmodes": ["8da4w"], "qembedding": "none", "group_size": 32, "max_seq_len": 0, "kv_cache": "fp32",
-             "revision": "", "task": "none"}
-    return {**shown, **values}
+    """An export form's option values: the defaults the page shows, with ``values`` typed over them."""
+    return {**{spec.name: shown_default(spec) for spec in form_fields()}, **values}
 
 
-def test_the_form_offers_every_option_it_declares() -> None:
-    from hub_export.options import form_fields
-
+def test_the_form_is_the_options_that_declare_a_form_control_and_shows_their_defaults() -> None:
     assert [spec.name for spec in form_fields()] == [
-        "qmodes", "qembedding", "group_size", "max_seq_len", "kv_cache", "revision", "task"]
-    assert set(_form()) == {spec.name for spec in form_fields()}
+        "qmodes", "qembedding", "group_size", "max_seq_len", "kv_cache", "revision", "task",
+    ]  # fmt: skip
+    assert _form() == {
+        "qmodes": ["8da4w"], "qembedding": "none", "group_size": 32, "max_seq_len": 0, "kv_cache": "fp32",
+        "revision": "", "task": "none",
+    }  # fmt: skip
+    assert options_from_form(_form()) == ExportOptions() == options_from_form({})  # shown defaults read back
+    offered = {spec.name: [value for _, value in spec.metadata["form"].choices] for spec in form_fields()}
+    # The choices are the library's registries, so a new qmode or task is offered with no edit to the form.
+    assert offered["qmodes"] == list(QMODES) and offered["kv_cache"] == list(KV_DTYPES)
+    assert offered["qembedding"] == [None, *QEMBEDDINGS] and offered["task"] == [None, *TASKS]
+
+
+def test_every_export_option_is_of_a_kind_a_form_can_offer() -> None:
+    """Offering another option in the Space takes a FormControl in options.py and nothing else, for every type."""
+    kinds = {spec.name: form_kind(spec) for spec in dataclasses.fields(ExportOptions)}
+    assert kinds["qmodes"] == "several" and kinds["qembedding"] == "one" and kinds["group_size"] == "whole"
+    assert kinds["calibration"] == "flag" and kinds["max_size_ratio"] == "number" and kinds["attention_sink"] == "text"
 
 
 def test_the_export_form_becomes_validated_options() -> None:
-    request = export_request("acme/Model", _form(qmodes=["8da4w", "8da4w", "fp32"], group_size="", revision=" v1 "),
-                             "", True, endpoint=HUB)
+    request = export_request(
+        "acme/Model", _form(qmodes=["8da4w", "8da4w", "fp32"], group_size="", revision=" v1 "), "", True, endpoint=HUB
+    )
     assert request.source == "acme/Model" and request.repo_name == "Model-ExecuTorch" and request.private
     options = request.options
     assert options.qmodes == ("8da4w", "fp32") and options.qembedding is None  # a double tick is one variant
     assert options.group_size == 32 and options.max_seq_len is None and options.revision == "v1"
     assert options.task is None and options.trust_remote_code is False  # a service never runs a model's code
-    with pytest.raises(InputError, match="pick at least one variant"):
+    assert options_from_form(_form(revision="none")).revision == "none"  # "none" is no choice's None in a text box
+    typed = options_from_form(_form(max_seq_len=256, qembedding="8w"))
+    assert (typed.max_seq_len, typed.qembedding) == (256, "8w")
+    with pytest.raises(InputError, match="pick at least one of --qmode") as no_variant:
         export_request("acme/Model", _form(qmodes=[]), "x", False, endpoint=HUB)
-    with pytest.raises(InputError, match="Max sequence length must be a whole number"):
+    assert no_variant.value.param == "qmodes"
+    with pytest.raises(InputError, match="--max-seq-len must be a whole number"):
         export_request("acme/Model", _form(max_seq_len="long"), "x", False, endpoint=HUB)
     assert options.kv_cache == "fp32"
     assert export_request("acme/Model", _form(kv_cache="int8"), "x", False, endpoint=HUB).options.kv_cache == "int8"
     with pytest.raises(InputError) as bad_cache:
         export_request("acme/Model", _form(kv_cache="int3"), "x", False, endpoint=HUB)
     assert bad_cache.value.param == "kv_cache"
+
+
+def test_the_form_refuses_what_the_library_refuses_in_its_words() -> None:
+    with pytest.raises(InputError) as from_the_form:
+        options_from_form(_form(group_size=48))
+    with pytest.raises(InputError) as from_the_library:
+        ExportOptions(group_size=48)
+    assert from_the_form.value.param == "group_size" and str(from_the_form.value) == str(from_the_library.value)
     request = export_request("acme/Model", _form(task="feature-extraction", qmodes=["8da8w"]), "x", False, endpoint=HUB)
     assert request.options.task == "feature-extraction"
 
@@ -76,10 +111,18 @@ def test_the_export_form_becomes_validated_options() -> None:
 def test_the_preview_form_is_checked_before_any_download() -> None:
     request = preview_request(" acme/Model-ExecuTorch ", "", "Hi", "", True, "  ", Sampling(temperature=0.5))
     assert (request.repo_id, request.variant, request.max_new_tokens, request.chat, request.system) == (
-        "acme/Model-ExecuTorch", None, 64, None, None)
+        "acme/Model-ExecuTorch",
+        None,
+        64,
+        None,
+        None,
+    )
     assert preview_request("acme/M", "8w", "Hi", 8, False).chat is False
-    for bad, match in ((("", None, "Hi", 8, True), "enter the repo"), (("acme/M", None, " ", 8, True), "type a prompt"),
-                       (("acme/M", None, "Hi", 999, True), "at most 256")):
+    for bad, match in (
+        (("", None, "Hi", 8, True), "enter the repo"),
+        (("acme/M", None, " ", 8, True), "type a prompt"),
+        (("acme/M", None, "Hi", 999, True), "at most 256"),
+    ):
         with pytest.raises(InputError, match=match):
             preview_request(*bad)
     with pytest.raises(InputError, match="top_p|Top-p|--top-p"):
@@ -147,7 +190,7 @@ def test_variants_table_shows_quality_and_verification() -> None:
     }  # fmt: skip
     older = {"passed": True, "max_abs_diff": 0.00406, "tolerance": 0.05}  # a manifest from before quality and KL
     manifest = Manifest(source={}, versions={}, variants=[variant("8da4w", current), variant("fp32", older)])
-    new, old = (dict(zip(TABLE_HEADERS, row)) for row in variant_rows(manifest, ["model-8da4w.pte"]))
+    new, old = (dict(zip(TABLE_HEADERS, row, strict=False)) for row in variant_rows(manifest, ["model-8da4w.pte"]))
     assert new["perplexity (vs fp32)"] == "33.7 (1.50x fp32)"
     assert new["verification"] == "KL 0.024, top-1 100% vs eager"
     assert (new["this job"], new["verified"]) == ("yes", "yes")

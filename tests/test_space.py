@@ -24,6 +24,7 @@ from hub_export import service
 from hub_export.errors import HubError, HubExportError, InputError
 from hub_export.generate import Sampling
 from hub_export.manifest import Manifest
+from hub_export.options import ExportOptions, form_fields
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
@@ -92,9 +93,11 @@ def client(space: Space):
     return gradio_client.Client(space.url, verbose=False)
 
 
-def _export_args(source: str, token: str, repo_name: str = REPO.split("/")[1]) -> list:
-    # source; variants, embedding quantization, group size, max seq len, KV cache, revision, task; repo, private, token
-    return [source, ["8da4w"], "none", 32, 64, "fp32", "", "none", repo_name, False, token]
+def _export_args(source: str, token: str, repo_name: str = REPO.split("/")[1]) -> dict:
+    """The /export arguments, by name as the README asks: 8da4w at a 64-token context, the other options as shown."""
+    options = {spec.name: service.shown_default(spec) for spec in form_fields()}
+    options.update(qmodes=["8da4w"], max_seq_len=64)
+    return {"source": source, **options, "repo_name": repo_name, "private": False, "token": token}
 
 
 @dataclass
@@ -106,7 +109,7 @@ class Exported:
 @pytest.fixture(scope="module")
 def exported(client, tiny_model: Path, local_hub: LocalHubFixture) -> Exported:
     """One export job through the API: the tiny model folder, 8da4w, 64-token context."""
-    job = client.submit(*_export_args(str(tiny_model), local_hub.alice_token), api_name="/export")
+    job = client.submit(**_export_args(str(tiny_model), local_hub.alice_token), api_name="/export")
     final = job.result(timeout=600)
     return Exported(tuple(final), [tuple(update) for update in job.outputs()])
 
@@ -125,7 +128,7 @@ def test_export_pushes_the_chosen_variant(exported: Exported, local_hub: LocalHu
     assert f"[{REPO}]({local_hub.endpoint}/{REPO})" in link
     rows = table["data"]
     assert [row[0] for row in rows] == ["model-8da4w.pte"]
-    row = dict(zip(table["headers"], rows[0]))
+    row = dict(zip(table["headers"], rows[0], strict=False))
     assert row["verified"] == "yes" and row["this job"] == "yes"
     assert row["verification"].startswith("KL ") and row["verification"].endswith(" vs eager"), row
     assert re.fullmatch(r"[\d.]+ \([\d.]+x fp32\)", row["perplexity (vs fp32)"]), row  # the card's cell
@@ -165,14 +168,18 @@ def test_bad_model_id_is_one_line_and_the_next_job_works(
     client, exported: Exported, local_hub: LocalHubFixture, space: Space
 ) -> None:
     with pytest.raises(AppError) as failure:
-        client.predict(*_export_args("nobody/no-such-model", local_hub.alice_token, ""), api_name="/export")
+        client.predict(**_export_args("nobody/no-such-model", local_hub.alice_token, ""), api_name="/export")
     message = str(failure.value)
     _one_line(message)
     assert "nobody/no-such-model" in message and "not found" in message, message
     assert local_hub.alice_token not in message
 
     text, stats = client.predict(
-        repo_id=REPO, variant="model-8da4w.pte", prompt="Once upon a time", max_new_tokens=8, chat=False,
+        repo_id=REPO,
+        variant="model-8da4w.pte",
+        prompt="Once upon a time",
+        max_new_tokens=8,
+        chat=False,
         api_name="/preview",
     )
     assert stats.startswith("**Done:**") and "tok/s" in stats, stats
@@ -181,7 +188,7 @@ def test_bad_model_id_is_one_line_and_the_next_job_works(
 
 def test_export_without_a_token_asks_to_sign_in(client, tiny_model: Path) -> None:
     with pytest.raises(AppError) as failure:
-        client.predict(*_export_args(str(tiny_model), ""), api_name="/export")
+        client.predict(**_export_args(str(tiny_model), ""), api_name="/export")
     _one_line(str(failure.value))
     assert "paste a Hugging Face write token" in str(failure.value)
 
@@ -239,9 +246,7 @@ def test_preview_passes_chat_system_and_sampling_to_generate(
     sampled = list(jobs.preview(REPO, "8da4w", "Hi", 6, True, " Be brief. ", 0.7, 0.9, 5, 1.1, 3, token))
     assert calls[-1]["chat"] is None  # ticked: the template when the model has one (the tiny model has)
     assert calls[-1]["system"] == "Be brief."
-    assert calls[-1]["sampling"] == Sampling(
-        temperature=0.7, top_p=0.9, top_k=5, repetition_penalty=1.1, seed=3
-    )
+    assert calls[-1]["sampling"] == Sampling(temperature=0.7, top_p=0.9, top_k=5, repetition_penalty=1.1, seed=3)
     assert isinstance(calls[-1]["sampling"].top_k, int) and isinstance(calls[-1]["sampling"].seed, int)
     assert "chat template: used" in sampled[-1][1], sampled[-1]
 
@@ -348,25 +353,28 @@ def test_token_precedence_and_env_settings() -> None:
         space_app.settings_from_env({"HUB_EXPORT_SPACE_QUEUE": "0"})
 
 
-def _service_form(**values):
-    from test_service import _form
-
-    return _form(**values)
-
-
-def test_the_form_refuses_what_the_library_refuses_before_a_job_is_queued() -> None:
-    settings = space_app.settings_from_env({"HUB_EXPORT_SPACE_OFFLINE": "1", "HF_ENDPOINT": "http://hub.test"})
-    jobs = space_app.Jobs(settings)
-    check = space_app.check_export_form(jobs)
-    with pytest.raises(InputError) as bad_group:  # the library's own check, with the option named
-        service.export_request("acme/Model", _service_form(group_size=48), "x", False, endpoint="http://hub.test")
-    assert bad_group.value.param == "group_size"
-    form = list(_service_form(group_size=48).values())
-    with pytest.raises(space_app.gr.Error) as refused:  # the click's first step, outside the queue
-        check("acme/Model", *form)
+def test_a_group_size_the_library_refuses_is_refused_before_a_job_is_queued(tmp_path: Path) -> None:
+    """Group size 48, not a multiple of 32: the click's first step, outside the queue, refuses it with the library's
+    own message in the form's words, and the queued export runs only after that step succeeds."""
+    settings = space_app.Settings(
+        endpoint="http://127.0.0.1:9", auth=space_app.AuthPolicy(False, True, "tests"), work_root=tmp_path
+    )
+    blocks = space_app.build_app(settings)
+    export = next(fn for fn in blocks.fns.values() if fn.api_name == "export")
+    check = blocks.fns[export.trigger_after]  # what the button does first
+    assert check.queue is False and export.trigger_only_on_success, "a refused form must never reach the queue"
+    form = {component.label: component.value for component in check.inputs}  # as the page shows it
+    form["Source model"] = "acme/Model"
+    form["Group size"] = 48
+    with pytest.raises(space_app.gr.Error) as refused:
+        check.fn(*form.values())
+    with pytest.raises(InputError) as library:
+        ExportOptions(group_size=48)
+    assert refused.value.message == library.value.worded(space_app.field_label)
     assert refused.value.message.startswith("'Group size' must be a positive multiple of 32 (got 48)")
-    assert "--" not in refused.value.message
-    assert check("acme/Model", *_service_form().values())[0].startswith("**Queued:**")  # a good form goes on to the queue
+    assert not any(settings.work_root.iterdir()), "no job started"
+    form["Group size"] = 64
+    assert check.fn(*form.values())[0].startswith(layout.QUEUED)  # a form the library takes goes on to the queue
 
 
 def test_library_messages_are_worded_for_the_form(local_hub, tmp_path) -> None:
@@ -394,7 +402,7 @@ def test_library_messages_are_worded_for_the_form(local_hub, tmp_path) -> None:
         Sampling(temperature=-1).check()
     failures.append(bad_option.value)
     worded = [space_app.failure_message(error, "job", space_app.Redactor()) for error in failures]
-    for line, error in zip(worded, failures):
+    for line, error in zip(worded, failures, strict=False):
         assert "--" not in line and "pass your token" not in line and "another repo" not in line, line
         # the Space rewords every one, and the error keeps the CLI's own wording for the CLI
         assert line != str(error) and str(error) == error.worded(), (line, str(error))
