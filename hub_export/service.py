@@ -34,7 +34,8 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .card import human_size, variant_facts
+from .card import human_size, task_of, variant_facts
+from .embed import EmbedResult, embed
 from .errors import HubExportError, InputError, Namer, cli_name, opt
 from .generate import GenerationResult, Sampling, stream_generate
 from .hub import check_repo_id, default_repo_name, read_card
@@ -372,16 +373,42 @@ def publish_and_read_back(
     return Published(result, manifest, card)
 
 
-def preview(request: PreviewRequest, token: str | None, endpoint: str, folder: Path, emit: Emit) -> GenerationResult:
-    """Pull the variant into ``folder`` and stream text from it: emits ("stage", line) and ("text", piece)."""
+def preview(
+    request: PreviewRequest, token: str | None, endpoint: str, folder: Path, emit: Emit
+) -> GenerationResult | EmbedResult:
+    """Pull the variant into ``folder`` and try it as its task does: emits ("stage", line) and ("text", piece).
+
+    A text-generation file streams its answer to the prompt; a sentence-embedding file
+    embeds the prompt's lines and shows how similar each pair is.
+    """
     # token=False, not None: never fall back to a login stored on the server.
     files = pull(request.repo_id, request.variant, output_dir=folder, endpoint=endpoint, token=token or False)
     manifest = Manifest.read(files)
     chosen = manifest.variant(request.variant) if request.variant else manifest.variants[0]
-    emit(("stage", f"generating with {chosen.file}"))
+    return _PREVIEWS[task_of(manifest).name](request, files, chosen.file, emit)
+
+
+def _preview_embeddings(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> EmbedResult:
+    """Embed each line of the prompt and show the cosine similarity of every pair."""
+    texts = [line.strip() for line in request.prompt.splitlines() if line.strip()]
+    if len(texts) < 2:
+        raise InputError("this repo embeds sentences: type two or more, one per line, to compare them")
+    emit(("stage", f"embedding {len(texts)} texts with {pte}"))
+    result = embed(files / pte, files, texts)
+    lines = [f"{index + 1}. {text}" for index, text in enumerate(texts)]
+    lines += [f"cosine similarity {i + 1}-{j + 1}: {float(result.similarities[i, j]):.3f}"
+              for i in range(len(texts)) for j in range(i + 1, len(texts))]  # fmt: skip
+    emit(("text", "\n".join(lines)))
+    return result
+
+
+def _preview_text(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> GenerationResult:
+    """Stream the file's answer to the prompt."""
+    emit(("stage", f"generating with {pte}"))
+    chosen_file = files / pte
     pieces, last = [], None
     for last in stream_generate(
-        files / chosen.file,
+        chosen_file,
         files,
         request.prompt,
         max_new_tokens=request.max_new_tokens,
@@ -393,6 +420,10 @@ def preview(request: PreviewRequest, token: str | None, endpoint: str, folder: P
             pieces.append(last.text)
             emit(("text", last.text))
     return last.result("".join(pieces))
+
+
+# How each task's files are tried in the preview.
+_PREVIEWS = {"text-generation": _preview_text, "feature-extraction": _preview_embeddings}
 
 
 # -- views ----------------------------------------------------------------------------------------

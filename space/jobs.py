@@ -19,6 +19,7 @@ from settings import Settings
 from wording import failure_message
 
 from hub_export import service
+from hub_export.embed import EmbedResult
 from hub_export.engines import RayEngine
 from hub_export.errors import HubError
 from hub_export.generate import GenerationResult
@@ -204,7 +205,7 @@ class Jobs:
         token,
         oauth_token: gr.OAuthToken | None = None,
     ) -> Iterator[tuple[str, str]]:
-        """Download one variant and stream generated text; yields (text, speed line)."""
+        """Download one variant and try it as its task does (generated text, or embedded lines); yields (text, line)."""
         job_id = uuid.uuid4().hex[:8]
         redact = self.redactor(token, oauth_token.token if oauth_token else None)
         text = ""  # kept: a failure shows what was generated before it
@@ -229,7 +230,10 @@ class Jobs:
             raise gr.Error(message, print_exception=False) from None
 
 
-def _speed_line(result: GenerationResult) -> str:
+def _speed_line(result: GenerationResult | EmbedResult) -> str:
+    if isinstance(result, EmbedResult):
+        tokens = sum(result.tokens)
+        return f"{DONE} embedded {len(result.tokens)} texts ({tokens} tokens) · **{result.texts_per_s:.0f} texts/s**"
     stops = {"eos": "end of text", "max_new_tokens": "max new tokens reached", "context_full": "context full"}
     return (
         f"{DONE} prefill **{result.prefill_tokens_per_s:.0f} tok/s** ({result.prompt_tokens} prompt tokens) · "

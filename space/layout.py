@@ -168,7 +168,13 @@ def preview_tab() -> dict[str, Any]:
             label="Variant", choices=[], value="", allow_custom_value=True, scale=2, info="Blank: the first one."
         )
         ui["refresh"] = gr.Button("↻ Variants", scale=0, min_width=120)
-    ui["prompt"] = gr.Textbox(label="Prompt", value=CHAT_PROMPT, lines=3, max_length=MAX_PROMPT_CHARS)
+    ui["prompt"] = gr.Textbox(
+        label="Prompt",
+        value=CHAT_PROMPT,
+        lines=3,
+        max_length=MAX_PROMPT_CHARS,
+        info="For a sentence-embedding repo: two or more sentences, one per line, to compare.",
+    )
     with gr.Row(equal_height=True):
         ui["chat"] = gr.Checkbox(
             label="Use the chat template",

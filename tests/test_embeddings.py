@@ -270,3 +270,21 @@ def test_an_embedding_repo_goes_through_push_ls_pull_and_embed(exported_bert, lo
     code, out, _ = run_cli(["embed", repo_id, "--variant", "8da8w", "--json", "a short text",
                             "--endpoint", local_hub.endpoint, "--token", local_hub.alice_token], capsys)  # fmt: skip
     assert code == 0 and json.loads(out) == local and len(local[0]) == 64
+
+
+def test_the_space_preview_of_an_embedding_repo_compares_the_lines(exported_bert, local_hub, tmp_path) -> None:
+    from hub_export import push
+    from hub_export.service import PreviewRequest, preview
+
+    repo_id = "alice/tiny-bert-preview"
+    push(from_dir=str(exported_bert), repo_id=repo_id, token=local_hub.alice_token, endpoint=local_hub.endpoint)
+    shown: list = []
+    request = PreviewRequest(repo_id, "8da8w", "A cat sat on the mat.\nA cat sat on the mat.\nStocks fell.", 8, None)
+    result = preview(request, local_hub.alice_token, local_hub.endpoint, tmp_path, shown.append)
+    text = "".join(value for kind, value in shown if kind == "text")
+    assert text.splitlines()[:3] == ["1. A cat sat on the mat.", "2. A cat sat on the mat.", "3. Stocks fell."]
+    assert "cosine similarity 1-2: 1.000" in text and "cosine similarity 2-3: " in text
+    assert len(result.tokens) == 3 and result.texts_per_s > 0
+    with pytest.raises(InputError, match="type two or more, one per line"):
+        preview(PreviewRequest(repo_id, None, "only one", 8, None), local_hub.alice_token, local_hub.endpoint,
+                tmp_path / "again", shown.append)  # fmt: skip
