@@ -45,14 +45,14 @@ def embed(pte_path: str | Path, tokenizer_dir: str | Path, texts: list[str]) -> 
     """
     import torch
 
-    from .embeddings import Embedder, encode  # torch and ExecuTorch: loaded when a file is run
+    from .embeddings import Embedder  # torch and ExecuTorch: loaded when a file is run
 
     if not texts:
         raise InputError("give at least one text to embed")
     embedder = Embedder(pte_path, tokenizer_dir)
-    inputs = [encode(embedder.tokenizer, text) for text in texts]
+    inputs = embedder.encode(texts)
     started = time.perf_counter()
-    vectors = torch.cat([embedder.model.run([ids, mask]) for ids, mask in inputs]).float()
+    vectors = embedder.vectors(inputs)
     seconds = time.perf_counter() - started
     unit = torch.nn.functional.normalize(vectors, dim=-1)
     return EmbedResult(vectors, unit @ unit.T, [int(ids.shape[1]) for ids, _ in inputs], seconds)

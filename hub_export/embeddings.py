@@ -13,8 +13,8 @@ Example:
     >>> pooling = Pooling.of_folder("all-MiniLM-L6-v2")
     >>> pooling
     Pooling(mode='mean', normalize=True)
-    >>> vectors = Embedder("out/model-8da8w.pte", "out").embed(["A cat sat.", "A dog ran."])
-    >>> vectors.shape
+    >>> embedder = Embedder("out/model-8da8w.pte", "out")
+    >>> embedder.vectors(embedder.encode(["A cat sat.", "A dog ran."])).shape
     torch.Size([2, 384])
 """
 
@@ -232,7 +232,11 @@ def pte_vectors(pte_path: str | Path, inputs: list[tuple[torch.Tensor, torch.Ten
     Raises:
         VerificationError: the file does not load or run.
     """
-    model = PteModel(pte_path)
+    return run_inputs(PteModel(pte_path), inputs)
+
+
+def run_inputs(model: PteModel, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+    """``model``'s vectors for encoded texts, one call each (batch 1), ``[len(inputs), dim]`` in float32."""
     return torch.cat([model.run([ids, mask]) for ids, mask in inputs]).float()
 
 
@@ -280,8 +284,8 @@ class Embedder:
 
     Example:
         >>> embedder = Embedder("out/model-8da8w.pte", "out")
-        >>> embedder.similarities(["A cat sat.", "A kitten sat.", "Stocks fell."]).shape
-        torch.Size([3, 3])
+        >>> embedder.vectors(embedder.encode(["A cat sat.", "A kitten sat.", "Stocks fell."])).shape
+        torch.Size([3, 384])
     """
 
     def __init__(self, pte_path: str | Path, tokenizer_dir: str | Path):
@@ -294,13 +298,10 @@ class Embedder:
         self.max_seq_len = int(self.model.metadata["get_max_seq_len"])
         self.tokenizer = _tokenizer(tokenizer_json, self.max_seq_len)
 
-    def embed(self, texts: list[str]) -> torch.Tensor:
-        """One vector per text, ``[len(texts), dim]``, in order."""
-        if not texts:
-            raise InputError("give at least one text to embed")
-        return torch.cat([self.model.run(list(encode(self.tokenizer, text))) for text in texts]).float()
+    def encode(self, texts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
+        """Each text's (input_ids, attention_mask), cut to the file's ``get_max_seq_len``."""
+        return [encode(self.tokenizer, text) for text in texts]
 
-    def similarities(self, texts: list[str]) -> torch.Tensor:
-        """Pairwise cosine similarities of ``texts``, ``[n, n]``."""
-        unit = nn.functional.normalize(self.embed(texts), dim=-1)
-        return unit @ unit.T
+    def vectors(self, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+        """One vector per encoded text, ``[len(inputs), dim]``, in order."""
+        return run_inputs(self.model, inputs)
