@@ -4,7 +4,9 @@
 
 A section is marked ``<!-- NAME: ... -->`` ... ``<!-- /NAME -->`` in any of those files; its
 body comes from :data:`SECTIONS` (a ``benchmarks/results/*.md`` file) or, for ``archs-table``,
-from ``hub-export archs --markdown``. ``tests/test_docs.py`` checks that they match.
+from ``hub-export archs --markdown``. The figures named in :data:`IMAGES` are copied from
+``benchmarks/results/`` into ``docs/img/`` (the site can only serve files under ``docs/``).
+``tests/test_docs.py`` checks that all of them match their sources.
 """
 
 from __future__ import annotations
@@ -30,6 +32,8 @@ SECTIONS = {
     "sdpa-threads": "sdpa-threads",
     "bench-kv": "kv-cache",
 }
+# docs/img/<name> <- benchmarks/results/<name>
+IMAGES = ("quant-recipes.png",)
 MARK = re.compile(r"(<!-- ([a-z0-9-]+):[^\n]*-->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 
@@ -54,6 +58,9 @@ def regenerate(text: str) -> str:
 def main() -> None:
     for page in PAGES:
         page.write_text(regenerate(page.read_text()))
+    (ROOT / "docs" / "img").mkdir(exist_ok=True)
+    for name in IMAGES:
+        (ROOT / "docs" / "img" / name).write_bytes((ROOT / "benchmarks" / "results" / name).read_bytes())
 
 
 if __name__ == "__main__":
