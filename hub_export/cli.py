@@ -280,11 +280,13 @@ def archs(markdown: bool = typer.Option(False, help="Print the Markdown table us
     if markdown:
         typer.echo(markdown_table())
         return
-    table = Table(title="Supported decoder families")
-    for column in ("family", "model types", "cache", "status", "notes"):
+    table = Table(title="Supported model families, by task")
+    for column in ("task", "family", "model types", "cache", "status", "notes"):
         table.add_column(column)
     for family in FAMILIES:
-        table.add_row(family.name, ", ".join(family.model_types), family.cache, family.status, family.notes)
+        table.add_row(
+            family.task, family.name, ", ".join(family.model_types), family.cache, family.status, family.notes
+        )
     out.print(table)
 
 
