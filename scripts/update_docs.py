@@ -31,6 +31,7 @@ SECTIONS = {
     "decode-floor-8da8w": "decode-floor-8da8w",
     "sdpa-threads": "sdpa-threads",
     "bench-kv": "kv-cache",
+    "bench-embeddings": "minilm-embeddings",
 }
 # docs/img/<name> <- benchmarks/results/<name>
 IMAGES = ("quant-recipes.png",)
