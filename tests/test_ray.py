@@ -248,3 +248,21 @@ def test_the_space_hands_its_export_to_the_cluster_and_still_streams_its_log(
     assert where and int(where[0]) != os.getpid(), log_text  # built in a cluster worker, not the web process
     assert "verifying" in log_text and local_hub.alice_token not in log_text
     engine.close()
+
+
+def test_a_sentence_encoder_exports_on_the_cluster_as_on_this_machine(ray_cluster, tmp_path):
+    from hub_export.demo import build_tiny_encoder
+    from hub_export.export import export
+    from hub_export.manifest import Manifest
+
+    source = build_tiny_encoder(tmp_path / "tiny-bert")
+    local = export(str(source), tmp_path / "local", qmodes=["8da8w"], jobs=1)
+    env = {**os.environ, "COLUMNS": "300", "RAY_USAGE_STATS_ENABLED": "0"}
+    command = [str(HUB_EXPORT), "export", str(source), "-o", str(tmp_path / "ray"), "-q", "8da8w",
+               "--ray-address", ray_cluster]  # fmt: skip
+    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    remote = Manifest.read(tmp_path / "ray")
+    assert remote.source["task"] == "feature-extraction"
+    assert [v.sha256 for v in remote.variants] == [v.sha256 for v in local.variants]  # the same bytes
+    assert remote.variants[0].verification.verified and remote.variants[0].verification.figures["sentences"] == 64
