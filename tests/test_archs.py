@@ -82,6 +82,13 @@ CONFIGS = _configs()
 FAST = {"gemma3_text", "gpt2"}  # sliding windows; Conv1D weights and learned positions
 
 
+def longrope_phi3_config() -> transformers.Phi3Config:
+    """A tiny Phi-3 with longrope, exact only within its original 64 positions."""
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 8, "long_factor": [4.0] * 8,
+            "original_max_position_embeddings": 64}  # fmt: skip
+    return transformers.Phi3Config(**COMMON, original_max_position_embeddings=64, rope_scaling=rope)
+
+
 def test_every_supported_model_type_has_a_test_config():
     assert set(CONFIGS) == SUPPORTED_MODEL_TYPES["text-generation"]
     for model_type, make in CONFIGS.items():
@@ -176,16 +183,7 @@ def test_sliding_window_decodes_past_the_window_like_eager(model_type, family_ex
 def test_long_context_rope_is_refused_past_its_original_context(tmp_path, capsys):
     from helpers import error_line, run_cli
 
-    config = transformers.Phi3Config(
-        **COMMON,
-        original_max_position_embeddings=64,
-        rope_scaling={
-            "rope_type": "longrope",
-            "short_factor": [1.0] * 8,
-            "long_factor": [4.0] * 8,
-            "original_max_position_embeddings": 64,
-        },
-    )
+    config = longrope_phi3_config()
     model = build_tiny_model(tmp_path / "phi-long", config=config)
     code, _, err = run_cli(["export", str(model), "-o", str(tmp_path / "out"), "--max-seq-len", "128"], capsys)
     assert code == 2

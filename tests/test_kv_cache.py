@@ -13,22 +13,11 @@ import pytest
 import torch
 import transformers
 from helpers import error_line, run_cli
+from test_archs import COMMON, longrope_phi3_config
 
 from hub_export.demo import build_tiny_model
 from hub_export.kv_cache import plan_layers
 
-COMMON = dict(
-    vocab_size=512,
-    hidden_size=64,
-    intermediate_size=128,
-    num_hidden_layers=2,
-    num_attention_heads=4,
-    num_key_value_heads=2,
-    max_position_embeddings=256,
-    bos_token_id=None,
-    eos_token_id=0,
-    pad_token_id=0,
-)
 WINDOW = 8
 SINK, SINK_WINDOW = 4, 12
 CHUNKINGS = ([40], [5] + [1] * 35, [12, 20, 8], [30, 10])  # chunks longer than the ring included
@@ -167,16 +156,7 @@ def test_attention_sink_is_refused_where_positions_cannot_wrap(tmp_path, capsys,
         )
         expected = "gpt2 has learned absolute positions instead of rope"
     else:
-        config = transformers.Phi3Config(
-            **COMMON,
-            original_max_position_embeddings=64,
-            rope_scaling={
-                "rope_type": "longrope",
-                "short_factor": [1.0] * 8,
-                "long_factor": [4.0] * 8,
-                "original_max_position_embeddings": 64,
-            },
-        )
+        config = longrope_phi3_config()
         expected = "cannot work with longrope rope"
     model = build_tiny_model(tmp_path / "model", config=config)
     code, _, err = run_cli(["export", str(model), "-o", str(tmp_path / "out"), "--attention-sink", "4,12"], capsys)
