@@ -23,6 +23,7 @@ from collections.abc import Callable
 from pathlib import Path
 
 from .errors import InternalError, first_line
+from .gguf_source import cache_root
 from .redact import Redactor
 
 
@@ -30,10 +31,7 @@ def log_dir() -> Path:
     """Where tracebacks go: ``$HUB_EXPORT_LOG_DIR``, else ``logs`` under hub-export's cache."""
     if os.environ.get("HUB_EXPORT_LOG_DIR"):
         return Path(os.environ["HUB_EXPORT_LOG_DIR"])
-    if os.environ.get("HUB_EXPORT_CACHE"):
-        return Path(os.environ["HUB_EXPORT_CACHE"]) / "logs"
-    hf_home = Path(os.environ.get("HF_HOME", Path.home() / ".cache" / "huggingface"))
-    return hf_home / "hub-export" / "logs"
+    return cache_root().parent / "logs"  # beside the GGUF conversions, in hub-export's cache
 
 
 def save_traceback(error: BaseException, doing: str, redact: Callable[[str], str] = Redactor()) -> Path:
