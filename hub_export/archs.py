@@ -69,6 +69,21 @@ def family_for(model_type: str, task: str = "text-generation") -> Family:
     )
 
 
+def max_positions(config: Mapping[str, Any]) -> int | None:
+    """The most positions a checkpoint's ``config.json`` allows a sequence (its text config's, for multimodal ones).
+
+    Example:
+        >>> max_positions({"model_type": "roberta", "max_position_embeddings": 514, "pad_token_id": 1})
+        512
+    """
+    text = config.get("text_config", config)
+    limit = text.get("max_position_embeddings") or text.get("n_positions")
+    if limit and text.get("model_type") in ("roberta", "xlm-roberta"):
+        # RoBERTa numbers positions from padding_idx + 1: two of its table's rows are never a token's.
+        limit -= int(text.get("pad_token_id") or 1) + 1
+    return limit
+
+
 # Rope types whose frequencies change at run time with the sequence length: an exported
 # graph freezes one branch, so they are exact only while every position stays within
 # the original context.

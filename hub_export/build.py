@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import embeddings, quantize, tasks
+from . import encoders, quantize, tasks
 from . import source as source_stage
 from .errors import VerificationError
 from .kv_cache import plan_layers
@@ -131,7 +131,8 @@ def build_variant(run: RunState, qmode: str, last: bool = False) -> Variant:
     released as soon as this one no longer shares them. A verified variant's memory is
     measured by a probe process started now, so its imports overlap the lowering.
     """
-    return _BUILDERS[run.task.name](run, qmode, last)
+    builder = _build_text_variant if run.task.module is None else _build_encoder_variant
+    return builder(run, qmode, last)
 
 
 def _build_text_variant(run: RunState, qmode: str, last: bool) -> Variant:
@@ -139,27 +140,28 @@ def _build_text_variant(run: RunState, qmode: str, last: bool) -> Variant:
         return _build_variant(run, qmode, last, probe)
 
 
-def _build_embedding_variant(run: RunState, qmode: str, last: bool) -> Variant:
-    """One sentence-embedding variant: quantize a copy, wrap it with its pooling, export, lower, verify."""
-    opts = run.options
+def _build_encoder_variant(run: RunState, qmode: str, last: bool) -> Variant:
+    """One variant of an encoder task (:mod:`hub_export.encoders`): quantize a copy, wrap it as the task's
+    method, export, lower, verify."""
+    opts, task = run.options, run.task
+    stages = encoders.stages(task)
     name = variant_filename(qmode, opts.qembedding)
     mode = quantize.QMODES[qmode]
     started = time.perf_counter()
-    pooling = embeddings.Pooling.of_folder(run.src.path)
-    reference = run.reference
+    reference, folder = run.reference, run.src.path
     model, fallback, expected = _quantized_copy(
         run,
         qmode,
         name,
         None,
         last,
-        lambda quantized: embeddings.eager_vectors(embeddings.SentenceEmbedder(quantized, pooling), reference.inputs),
+        lambda quantized: encoders.eager_outputs(stages.wrap(quantized, folder), reference),
     )
-    embedder = embeddings.SentenceEmbedder(model, pooling).eval()
-    run.say(f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len})", "export", name)
-    program = embeddings.export_embedder(embedder, run.max_seq_len)
-    metadata = embeddings.embedder_metadata(run.max_seq_len, int(model.config.hidden_size), pooling)
-    del embedder, model
+    wrapped = stages.wrap(model, folder).eval()
+    run.say(f"[{name}] exporting with torch.export ({task.takes})", "export", name)
+    program = stages.export(wrapped, run.max_seq_len)
+    metadata = stages.metadata(model, folder, run.max_seq_len)
+    del wrapped, model
     if last:
         run.model = None
     release_memory()
@@ -176,8 +178,8 @@ def _build_embedding_variant(run: RunState, qmode: str, last: bool) -> Variant:
     seconds = time.perf_counter() - started
     verification = Verification.skipped_record()
     if reference is not None:
-        run.say(f"[{name}] verifying against eager on {len(reference.inputs)} sentences", "verify", name)
-        verification = embeddings.verify_variant(path, expected, reference, mode, opts.qembedding)
+        run.say(f"[{name}] verifying against eager on {len(reference.inputs)} inputs", "verify", name)
+        verification = encoders.verify_variant(task, path, expected, reference, mode, opts.qembedding)
         if not verification.passed:
             raise VerificationError(f"{name} failed verification: {verification.failure}")
     return _variant_record(run, qmode, path, metadata, verification, seconds, fallback)
@@ -289,10 +291,6 @@ def _lower(run: RunState, model, name: str):
         on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name),
     )
     return path, metadata, layout
-
-
-# How each task builds one variant.
-_BUILDERS = {"text-generation": _build_text_variant, "feature-extraction": _build_embedding_variant}
 
 
 def judge_kind(kind: str, kv_cache: str) -> str:

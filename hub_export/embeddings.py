@@ -7,7 +7,8 @@ CLS pooling, normalised or not). A device needs only the tokenizer and this file
 
 Verification runs real sentences (:func:`eval_sentences`) through the ``.pte`` and
 compares its vectors with the eager model's (cosine similarity per sentence) and the
-nearest neighbour of each sentence within the set (retrieval agreement).
+nearest neighbour of each sentence within the set (retrieval agreement). The module
+implements the encoder stages of :mod:`hub_export.encoders` for ``feature-extraction``.
 
 Example:
     >>> pooling = Pooling.of_folder("all-MiniLM-L6-v2")
@@ -30,9 +31,11 @@ from typing import Any
 import torch
 from torch import nn
 
-from .errors import InputError, VerificationError, first_line
+from .archs import max_positions
+from .encoders import EncoderReference, weight_bits
+from .errors import InputError
 from .manifest import Verification
-from .quantize import QEMBEDDINGS, QMode
+from .quantize import QMode
 from .runtime import PteModel
 
 POOLING_MODES = ("mean", "cls", "max")
@@ -47,6 +50,7 @@ MIN_COSINE_VS_FP32 = {32: 0.9999, 8: 0.99, 4: 0.90}
 # error. Float math matches to rounding; int8 dynamic activations are rounded by other
 # kernels in the runtime than in eager.
 MIN_COSINE_VS_EAGER = {"fp32": 0.9999, "weight_only": 0.9999, "dynamic": 0.995}
+DEFAULT_SEQ_LEN = 512  # BERT-class position tables; sentence-transformers' own setting wins when present
 
 
 @dataclass(frozen=True)
@@ -107,30 +111,6 @@ class SentenceEmbedder(nn.Module):
         return nn.functional.normalize(pooled, dim=-1) if self.pooling.normalize else pooled
 
 
-def export_embedder(embedder: SentenceEmbedder, max_seq_len: int) -> torch.export.ExportedProgram:
-    """``embedder`` traced with a sequence length from 2 to ``max_seq_len`` (a sentence has at least its two
-    special tokens)."""
-    seq = torch.export.Dim("seq", min=2, max=max_seq_len)
-    example = torch.ones(1, min(16, max_seq_len), dtype=torch.long)
-    with torch.no_grad():
-        return torch.export.export(
-            embedder,
-            (example, torch.ones_like(example)),
-            dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}},
-            strict=False,
-        )
-
-
-def embedder_metadata(max_seq_len: int, dim: int, pooling: Pooling) -> dict[str, Any]:
-    """The constant methods of an embedding ``.pte``: what a device reads before it tokenizes."""
-    return {
-        "get_max_seq_len": max_seq_len,
-        "get_embedding_dim": dim,
-        "get_pooling_mode": POOLING_MODES.index(pooling.mode),  # 0 mean, 1 cls, 2 max
-        "is_normalized": pooling.normalize,
-    }
-
-
 def eval_sentences(count: int = EVAL_SENTENCES) -> list[str]:
     """The first ``count`` sentences of the shipped English evaluation text (never the calibration text)."""
     text = resources.files("hub_export").joinpath("data", "eval_en.txt").read_text(encoding="utf-8")
@@ -138,7 +118,8 @@ def eval_sentences(count: int = EVAL_SENTENCES) -> list[str]:
     return sentences[:count]
 
 
-def _tokenizer(tokenizer_json: str | Path, max_seq_len: int):
+def text_tokenizer(tokenizer_json: str | Path, max_seq_len: int):
+    """The ``tokenizers`` tokenizer of a text encoder: one text at a time, cut to ``max_seq_len`` tokens."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
@@ -154,28 +135,96 @@ def encode(tokenizer, text: str) -> tuple[torch.Tensor, torch.Tensor]:
     return ids, torch.ones_like(ids)
 
 
-@dataclass
-class EmbeddingReference:
-    """The sentences every variant embeds, and the fp32 eager model's vectors for them."""
-
-    sentences: list[str]
-    inputs: list[tuple[torch.Tensor, torch.Tensor]]
-    vectors: torch.Tensor  # [N, dim]
+# -- the encoder stages (hub_export.encoders) -------------------------------------------------------
 
 
-def build_reference(
-    embedder: SentenceEmbedder, tokenizer_json: str | Path, max_seq_len: int, sentences: list[str] | None = None
-) -> EmbeddingReference:
-    """Eager vectors of ``sentences`` (default: :func:`eval_sentences`) through ``embedder``."""
-    sentences = sentences or eval_sentences()
-    tokenizer = _tokenizer(tokenizer_json, max_seq_len)
-    inputs = [encode(tokenizer, sentence) for sentence in sentences]
-    return EmbeddingReference(sentences, inputs, eager_vectors(embedder, inputs))
+def seq_len(folder: Path, config: dict, requested: int | None) -> int:
+    """A text encoder's longest input: ``requested``, else sentence-transformers' ``max_seq_length``, else the
+    smaller of the model's limit and :data:`DEFAULT_SEQ_LEN`."""
+    if requested is not None:
+        return requested
+    limit = max_positions(config) or DEFAULT_SEQ_LEN
+    declared = (_json_or_none(folder / "sentence_bert_config.json") or {}).get("max_seq_length")
+    if isinstance(declared, int) and not isinstance(declared, bool) and 2 <= declared <= limit:
+        return declared
+    return min(limit, DEFAULT_SEQ_LEN)
 
 
-def eager_vectors(embedder: nn.Module, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
+def wrap(model: nn.Module, folder: Path) -> SentenceEmbedder:
+    return SentenceEmbedder(model, Pooling.of_folder(folder))
+
+
+def export(wrapped: nn.Module, max_seq_len: int) -> torch.export.ExportedProgram:
+    """``wrapped`` (token ids, attention mask) traced with a sequence length from 2 to ``max_seq_len`` (a
+    sentence has at least its two special tokens)."""
+    seq = torch.export.Dim("seq", min=2, max=max_seq_len)
+    example = torch.ones(1, min(16, max_seq_len), dtype=torch.long)
     with torch.no_grad():
-        return torch.cat([embedder(ids, mask) for ids, mask in inputs]).float()
+        return torch.export.export(
+            wrapped,
+            (example, torch.ones_like(example)),
+            dynamic_shapes={"input_ids": {1: seq}, "attention_mask": {1: seq}},
+            strict=False,
+        )
+
+
+def metadata(model: nn.Module, folder: Path, max_seq_len: int) -> dict[str, Any]:
+    """The constant methods of an embedding ``.pte``: what a device reads before it tokenizes."""
+    pooling = Pooling.of_folder(folder)
+    return {
+        "get_max_seq_len": max_seq_len,
+        "get_embedding_dim": int(model.config.hidden_size),
+        "get_pooling_mode": POOLING_MODES.index(pooling.mode),  # 0 mean, 1 cls, 2 max
+        "is_normalized": pooling.normalize,
+    }
+
+
+def eval_inputs(folder: Path, config, max_seq_len: int, sentences: list[str] | None = None) -> EncoderReference:
+    """``sentences`` (default: :func:`eval_sentences`) tokenized as the file takes them."""
+    sentences = sentences or eval_sentences()
+    tokenizer = text_tokenizer(folder / "tokenizer.json", max_seq_len)
+    return EncoderReference(sentences, [encode(tokenizer, sentence) for sentence in sentences])
+
+
+def source_record(model: nn.Module, folder: Path) -> dict[str, Any]:
+    pooling = Pooling.of_folder(folder)
+    return {
+        "pooling": {"mode": pooling.mode, "normalize": pooling.normalize},
+        "embedding_dim": int(model.config.hidden_size),
+    }
+
+
+def judge(
+    actual: torch.Tensor, expected: torch.Tensor, reference: EncoderReference, mode: QMode, qembedding: str | None
+) -> Verification:
+    """Judge the file's vectors against the quantized eager model's (``expected``) and measure what quantization
+    kept of fp32's (``reference.outputs``).
+
+    Passes when the worst sentence's cosine to eager is within the lowering's tolerance
+    (:data:`MIN_COSINE_VS_EAGER`) and to fp32 within the quantization's
+    (:data:`MIN_COSINE_VS_FP32`, by the fewest bits of the weights and the embedding table).
+    """
+    limits = {
+        "min_cosine_vs_eager_required": MIN_COSINE_VS_EAGER[mode.tolerance],
+        "min_cosine_vs_fp32_required": MIN_COSINE_VS_FP32[weight_bits(mode, qembedding)],
+    }
+    against_eager = compare(actual, expected, limits["min_cosine_vs_eager_required"])
+    against_fp32 = compare(actual, reference.outputs, limits["min_cosine_vs_fp32_required"])
+    figures = {
+        **limits,
+        "sentences": float(against_eager.sentences),
+        "min_cosine_vs_eager": against_eager.min_cosine,
+        "mean_cosine_vs_eager": against_eager.mean_cosine,
+        "min_cosine_vs_fp32": against_fp32.min_cosine,
+        "mean_cosine_vs_fp32": against_fp32.mean_cosine,
+        "retrieval_vs_fp32": against_fp32.retrieval_agreement,
+    }
+    failure = against_eager.failure and f"against eager: {against_eager.failure}"
+    failure = failure or (against_fp32.failure and f"against fp32: {against_fp32.failure}")
+    return Verification(failure is None, positions=against_eager.sentences, failure=failure, figures=figures)
+
+
+# -- comparing vectors -------------------------------------------------------------------------------
 
 
 @dataclass
@@ -226,57 +275,9 @@ def compare(actual: torch.Tensor, expected: torch.Tensor, threshold: float) -> E
     return check
 
 
-def pte_vectors(pte_path: str | Path, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
-    """The ``.pte``'s vectors for ``inputs``, ``[N, dim]``.
-
-    Raises:
-        VerificationError: the file does not load or run.
-    """
-    return run_inputs(PteModel(pte_path), inputs)
-
-
 def run_inputs(model: PteModel, inputs: list[tuple[torch.Tensor, torch.Tensor]]) -> torch.Tensor:
     """``model``'s vectors for encoded texts, one call each (batch 1), ``[len(inputs), dim]`` in float32."""
     return torch.cat([model.run([ids, mask]) for ids, mask in inputs]).float()
-
-
-def verify_variant(
-    pte_path: str | Path,
-    expected: torch.Tensor,
-    reference: EmbeddingReference,
-    mode: QMode,
-    qembedding: str | None = None,
-) -> Verification:
-    """Check ``pte_path`` against the quantized eager model's vectors (``expected``) and measure what
-    quantization kept of fp32's (``reference``).
-
-    Passes when the worst sentence's cosine to eager is within the lowering's tolerance
-    (:data:`MIN_COSINE_VS_EAGER`) and to fp32 within the quantization's
-    (:data:`MIN_COSINE_VS_FP32`, by the fewest bits of the weights and the embedding table).
-    """
-    bits = min(mode.weight_bits, QEMBEDDINGS.get(qembedding or "", 32))
-    limits = {
-        "min_cosine_vs_eager_required": MIN_COSINE_VS_EAGER[mode.tolerance],
-        "min_cosine_vs_fp32_required": MIN_COSINE_VS_FP32[bits],
-    }
-    try:
-        vectors = pte_vectors(pte_path, reference.inputs)
-    except VerificationError as error:
-        return Verification(False, failure=f"runtime error: {first_line(error)[:200]}", figures=limits)
-    against_eager = compare(vectors, expected, limits["min_cosine_vs_eager_required"])
-    against_fp32 = compare(vectors, reference.vectors, limits["min_cosine_vs_fp32_required"])
-    figures = {
-        **limits,
-        "sentences": float(against_eager.sentences),
-        "min_cosine_vs_eager": against_eager.min_cosine,
-        "mean_cosine_vs_eager": against_eager.mean_cosine,
-        "min_cosine_vs_fp32": against_fp32.min_cosine,
-        "mean_cosine_vs_fp32": against_fp32.mean_cosine,
-        "retrieval_vs_fp32": against_fp32.retrieval_agreement,
-    }
-    failure = against_eager.failure and f"against eager: {against_eager.failure}"
-    failure = failure or (against_fp32.failure and f"against fp32: {against_fp32.failure}")
-    return Verification(failure is None, positions=against_eager.sentences, failure=failure, figures=figures)
 
 
 class Embedder:
@@ -296,7 +297,7 @@ class Embedder:
         if "get_embedding_dim" not in self.model.metadata:
             raise InputError(f"{Path(pte_path).name} is not a sentence-embedding file (it has no get_embedding_dim)")
         self.max_seq_len = int(self.model.metadata["get_max_seq_len"])
-        self.tokenizer = _tokenizer(tokenizer_json, self.max_seq_len)
+        self.tokenizer = text_tokenizer(tokenizer_json, self.max_seq_len)
 
     def encode(self, texts: list[str]) -> list[tuple[torch.Tensor, torch.Tensor]]:
         """Each text's (input_ids, attention_mask), cut to the file's ``get_max_seq_len``."""

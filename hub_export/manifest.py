@@ -19,6 +19,7 @@ from typing import Any
 from .errors import InputError
 from .options import KV_DTYPES, SLIDING_CACHES, ExportOptions
 from .quantize import INT4_SCALES, QEMBEDDINGS, QMODES
+from .tasks import TASKS
 
 SCHEMA_VERSION = 1
 MANIFEST_NAME = "manifest.json"
@@ -620,8 +621,9 @@ class Verification:
         """``KL 0.024, top-1 88% vs eager``, tolerant of missing figures."""
         if self.skipped:
             return "not verified"
-        if self.figures is not None and self.figures.get("min_cosine_vs_eager") is not None:
-            return f"cosine {self.figures['min_cosine_vs_eager']:.4f} (worst sentence) vs eager"
+        worded = self.task_words("summary")
+        if worded is not None:
+            return worded
         kl, top1 = self.mean_kl_vs_eager, self.top1_agreement
         parts = ([f"KL {kl:.2g}"] if kl is not None else []) + ([f"top-1 {top1:.0%}"] if top1 is not None else [])
         if not parts and self.max_abs_diff is not None:  # a manifest from before the KL judge
@@ -629,22 +631,29 @@ class Verification:
         return (", ".join(parts) + " vs eager") if parts else "unknown (the manifest lacks its figures)"
 
     def quality_cell(self) -> str:
-        """The card's quality cell: perplexity against fp32's, or an embedding's cosine to fp32's vectors."""
-        if self.figures is not None and self.figures.get("mean_cosine_vs_fp32") is not None:
-            figures = self.figures
-            return (
-                f"cosine {figures['mean_cosine_vs_fp32']:.4f} (min {figures.get('min_cosine_vs_fp32', 0):.4f}), "
-                f"neighbours {figures.get('retrieval_vs_fp32', 0):.0%}"
-            )
+        """The card's quality cell: perplexity against fp32's, or an encoder task's figure against fp32's."""
+        worded = self.task_words("quality")
+        if worded is not None:
+            return worded
         return self.quality.cell() if self.quality is not None else "n/a"
+
+    def task_words(self, which: str) -> str | None:
+        """The figures of an encoder task's verification in that task's words (see ``Task.words``); None for a
+        text decoder's, which carry no figures."""
+        for task in TASKS.values():
+            worded = task.words(self.figures, which)
+            if worded is not None:
+                return worded
+        return None
 
     def line(self) -> str:
         """``verified KL …, top-1 … vs eager; ppl … (…x fp32), …``: one line for logs, tables and commits."""
         if self.skipped:
             return "skipped (--no-verify)"
         quality = self.quality.summary() if self.quality is not None else None
-        if quality is None and self.figures is not None and self.figures.get("mean_cosine_vs_fp32") is not None:
-            quality = f"{self.quality_cell()} vs fp32"
+        if quality is None and self.task_words("quality") is not None:
+            quality = self.quality_cell()
+            quality += "" if "fp32" in quality else " vs fp32"
         return f"verified {self.summary()}" + (f"; {quality}" if quality else "")
 
     def speed(self, stage: str) -> float | None:

@@ -10,7 +10,6 @@ in which case the result travels without the model and with the few small files
 
 from __future__ import annotations
 
-import json
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -31,7 +30,6 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEQ_LEN = 2048
-DEFAULT_ENCODER_SEQ_LEN = 512  # BERT-class position tables; sentence-transformers' own setting wins when present
 COPIED_FILES = source_stage.CONFIG_FILES + source_stage.TOKENIZER_FILES
 
 Say = Callable[..., None]
@@ -65,37 +63,13 @@ class Prepared:
         return {**self.__dict__, "model": None}
 
 
-def _max_positions(config: dict) -> int | None:
-    text = config.get("text_config", config)
-    limit = text.get("max_position_embeddings") or text.get("n_positions")
-    if limit and text.get("model_type") in ("roberta", "xlm-roberta"):
-        # RoBERTa numbers positions from padding_idx + 1: two of its table's rows are never a token's.
-        limit -= int(text.get("pad_token_id") or 1) + 1
-    return limit
-
-
-def encoder_seq_len(folder: Path, config: dict, requested: int | None) -> int:
-    """An encoder's sequence length: ``requested``, else sentence-transformers' ``max_seq_length``, else the
-    smaller of the model's limit and :data:`DEFAULT_ENCODER_SEQ_LEN`."""
-    if requested is not None:
-        return requested
-    limit = _max_positions(config) or DEFAULT_ENCODER_SEQ_LEN
-    try:
-        declared = json.loads((folder / "sentence_bert_config.json").read_text()).get("max_seq_length")
-    except (OSError, ValueError, AttributeError):
-        declared = None
-    if isinstance(declared, int) and not isinstance(declared, bool) and 2 <= declared <= limit:
-        return declared
-    return min(limit, DEFAULT_ENCODER_SEQ_LEN)
-
-
 def resolve_max_seq_len(config: dict, requested: int | None, sink: tuple[int, int] | None = None) -> int:
     """``requested`` checked against the model's limit, or a phone-friendly default.
 
     Under an attention sink the cache holds SINK+WINDOW positions, and rope positions
     stay below that however long generation runs.
     """
-    limit = _max_positions(config)
+    limit = archs.max_positions(config)
     if sink is not None:
         if limit and sum(sink) > limit:
             raise InputError(
@@ -137,12 +111,10 @@ def _source_record(src: source_stage.Source, model, task: tasks.Task) -> dict:
         record["gguf"] = dict(src.gguf)
     record["fingerprint"] = source_stage.fingerprint(src)
     record["chat_template"] = chat_template(src.path) is not None
-    if task is tasks.FEATURE_EXTRACTION:
-        from .embeddings import Pooling  # torch-heavy module: loaded by the run, as every stage
+    if task.module is not None:
+        from .encoders import stages  # torch-heavy module: loaded by the run, as every stage
 
-        pooling = Pooling.of_folder(src.path)
-        record["pooling"] = {"mode": pooling.mode, "normalize": pooling.normalize}
-        record["embedding_dim"] = int(model.config.hidden_size)
+        record.update(stages(task).source_record(model, src.path))
     return record
 
 
@@ -168,21 +140,18 @@ def _text_reference(model, src: source_stage.Source, seq_len: int, options: Expo
     )
 
 
-def _embedding_reference(model, src: source_stage.Source, seq_len: int, options: ExportOptions):
-    # torch-heavy, like every stage a run needs: loaded by the run
-    from .embeddings import Pooling, SentenceEmbedder
-    from .embeddings import build_reference as build_embedding_reference
+def _encoder_reference(model, src: source_stage.Source, seq_len: int, options: ExportOptions):
+    from .encoders import build_reference  # torch-heavy, like every stage a run needs: loaded by the run
 
-    return build_embedding_reference(
-        SentenceEmbedder(model, Pooling.of_folder(src.path)), src.path / "tokenizer.json", seq_len
-    )
+    return build_reference(tasks.task_for(src.config, options.task), model, src.path, seq_len)
 
 
 # What each task's variants are checked against, built once per run from the fp32 model.
-_REFERENCES = {"text-generation": _text_reference, "feature-extraction": _embedding_reference}
 _REFERENCE_WORDS = {
     "text-generation": lambda options: f"prompt + {options.quality_tokens} tokens of evaluation text",
     "feature-extraction": lambda options: "64 sentences of evaluation text",
+    "fill-mask": lambda options: "a masked word in each of 64 sentences of evaluation text",
+    "image-classification": lambda options: "32 drawn images",
 }
 
 
@@ -230,15 +199,18 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
     src = resolve_source(request, say, precheck)
     task = tasks.task_for(src.config, options.task)
     seq_len = resolved_len["value"]
-    if task is tasks.FEATURE_EXTRACTION:
-        seq_len = encoder_seq_len(src.path, src.config, options.max_seq_len)
+    if task.module is not None:
+        from .encoders import stages  # torch-heavy module: loaded by the run, as every stage
+
+        seq_len = stages(task).seq_len(src.path, src.config, options.max_seq_len)
     map_large_allocations()
     say(f"loading {src.name} ({src.model_type}, {task.name})", "load")
     model = load_model(src.path, options.trust_remote_code, task)
     reference = None
     if options.verify:
         say(f"computing the fp32 eager reference ({_REFERENCE_WORDS[task.name](options)})", "reference")
-        reference = _REFERENCES[task.name](model, src, seq_len, options)
+        make_reference = _text_reference if task.module is None else _encoder_reference
+        reference = make_reference(model, src, seq_len, options)
     mixed_plan = None
     if any(quantize.QMODES[mode].calibrated for mode in options.qmodes):
         if options.calibration:

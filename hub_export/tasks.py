@@ -12,6 +12,8 @@ Example:
     'feature-extraction'
     >>> task_for({"architectures": ["LlamaForCausalLM"], "model_type": "llama"}).name
     'text-generation'
+    >>> task_for({"architectures": ["ViTForImageClassification"], "model_type": "vit"}).name
+    'image-classification'
 """
 
 from __future__ import annotations
@@ -33,10 +35,26 @@ class Task:
     auto_class: str  # the transformers class that loads the checkpoint
     quality: str  # the quality figure each variant reports
     card_template: str  # the bundled card body (templates/), which includes the parts every task shares
+    module: str | None = None  # the hub_export module with its encoder stages (hub_export.encoders); None: the decoder
+    # How a verification's figures read, as str.format templates over Verification.figures
+    # (a manifest from another version may lack some: then the decoder's wording is used).
+    summary_format: str | None = None  # against the eager model: the pass/fail figure
+    quality_format: str | None = None  # against fp32: what quantization kept
+    quality_legend: str | None = None  # what the quality column of `hub-export ls` means
 
     @property
     def pipeline_tag(self) -> str:
         return self.name
+
+    def words(self, figures: dict[str, float] | None, which: str) -> str | None:
+        """``figures`` in this task's words (``which``: "summary" or "quality"), or None when they do not fit."""
+        template = self.summary_format if which == "summary" else self.quality_format
+        if template is None or not figures:
+            return None
+        try:
+            return template.format_map(figures)
+        except (KeyError, ValueError):
+            return None
 
 
 TEXT_GENERATION = Task(
@@ -56,16 +74,51 @@ FEATURE_EXTRACTION = Task(
     auto_class="AutoModel",
     quality="cosine similarity to fp32 eager's vectors on 64 real sentences, and nearest-neighbour agreement",
     card_template="model_card_feature_extraction.md.j2",
+    module="embeddings",
+    summary_format="cosine {min_cosine_vs_eager:.4f} (worst sentence) vs eager",
+    quality_format="cosine {mean_cosine_vs_fp32:.4f} (min {min_cosine_vs_fp32:.4f}), neighbours {retrieval_vs_fp32:.0%}",
+    quality_legend="each file's sentence vectors against the fp32 model's on 64 sentences (mean, worst); "
+    "neighbours: the share whose nearest other sentence stays the same",
+)
+FILL_MASK = Task(
+    name="fill-mask",
+    takes="token ids and attention mask [1, seq] with mask tokens, seq up to the file's get_max_seq_len",
+    returns="token scores [1, seq, vocab]; the rows at mask tokens rank the words that fit",
+    qmodes=("fp32", "8da8w", "8w", "8da4w", "4w"),
+    auto_class="AutoModelForMaskedLM",
+    quality="top-1 and top-5 agreement with fp32 eager at one masked word in each of 64 real sentences, and how "
+    "often the masked word itself comes first",
+    card_template="model_card_classification.md.j2",
+    module="fill_mask",
+    summary_format="KL {mean_kl_vs_eager:.2g}, top-1 {top1_vs_eager:.0%} vs eager",
+    quality_format="top-1 {top1_vs_fp32:.0%}, top-5 {top5_overlap_vs_fp32:.0%} of fp32's; word found {accuracy:.0%} "
+    "(fp32 {fp32_accuracy:.0%})",
+    quality_legend="at one masked word in each of 64 sentences: the file's top-1 and top-5 against the fp32 "
+    "model's, and how often its first guess is the word that was masked",
+)
+IMAGE_CLASSIFICATION = Task(
+    name="image-classification",
+    takes="pixel values [1, 3, size, size], resized and normalised as the model's image processor does",
+    returns="label scores [1, labels]",
+    qmodes=("fp32", "8da8w", "8w", "8da4w", "4w"),
+    auto_class="AutoModelForImageClassification",
+    quality="top-1 and top-5 agreement with fp32 eager on 32 drawn images",
+    card_template="model_card_classification.md.j2",
+    module="image_classification",
+    summary_format="KL {mean_kl_vs_eager:.2g}, top-1 {top1_vs_eager:.0%} vs eager",
+    quality_format="top-1 {top1_vs_fp32:.0%}, top-5 {top5_overlap_vs_fp32:.0%} of fp32's",
+    quality_legend="on 32 drawn images: the file's top label and top-5 labels against the fp32 model's",
 )
 
-TASKS: dict[str, Task] = {task.name: task for task in (TEXT_GENERATION, FEATURE_EXTRACTION)}
+TASKS: dict[str, Task] = {
+    task.name: task for task in (TEXT_GENERATION, FEATURE_EXTRACTION, FILL_MASK, IMAGE_CLASSIFICATION)
+}
+_HEADS = {"ForMaskedLM": FILL_MASK, "ForImageClassification": IMAGE_CLASSIFICATION}
 
 # Heads of architectures that belong to a task none of TASKS implements yet: refused by name.
 _OTHER_HEADS = {
-    "ForMaskedLM": "fill-mask",
     "ForSequenceClassification": "text-classification",
     "ForTokenClassification": "token-classification",
-    "ForImageClassification": "image-classification",
     "ForConditionalGeneration": "text2text-generation or a multimodal task",
     "ForSpeechSeq2Seq": "automatic-speech-recognition",
     "ForQuestionAnswering": "question-answering",
@@ -93,6 +146,9 @@ def task_for(config: dict, requested: str | None = None) -> Task:
             return TEXT_GENERATION
         if architecture.endswith("Model") and not architecture.endswith("PreTrainedModel"):
             return FEATURE_EXTRACTION
+        for head, task in _HEADS.items():
+            if architecture.endswith(head):
+                return task
         for head, task in _OTHER_HEADS.items():
             if architecture.endswith(head):
                 raise InputError(

@@ -42,6 +42,10 @@ def exported_bert(tmp_path_factory, tiny_bert) -> Path:
         (["XLMRobertaModel"], "feature-extraction"),
         (["LlamaForCausalLM"], "text-generation"),
         (["GPT2LMHeadModel"], "text-generation"),
+        (["BertForMaskedLM"], "fill-mask"),
+        (["ModernBertForMaskedLM"], "fill-mask"),
+        (["ViTForImageClassification"], "image-classification"),
+        (["MobileViTForImageClassification"], "image-classification"),
     ],
 )
 def test_the_task_is_read_from_the_architecture(architectures, task) -> None:
@@ -50,10 +54,10 @@ def test_the_task_is_read_from_the_architecture(architectures, task) -> None:
 
 def test_a_task_not_exported_yet_is_refused_by_name() -> None:
     with pytest.raises(InputError) as refused:
-        task_for({"architectures": ["BertForMaskedLM"], "model_type": "bert"})
+        task_for({"architectures": ["BertForSequenceClassification"], "model_type": "bert"})
     assert str(refused.value) == (
-        "BertForMaskedLM is a fill-mask model, which hub-export does not export yet; supported tasks: "
-        "text-generation, feature-extraction (see `hub-export archs`)"
+        "BertForSequenceClassification is a text-classification model, which hub-export does not export yet; "
+        "supported tasks: text-generation, feature-extraction, fill-mask, image-classification (see `hub-export archs`)"
     )
 
 
@@ -212,16 +216,18 @@ def test_the_card_speaks_of_embeddings(exported_bert) -> None:
 def test_a_broken_embedding_file_fails_verification(exported_bert, tiny_bert, tmp_path) -> None:
     from transformers import AutoModel
 
-    from hub_export.embeddings import build_reference, eager_vectors, verify_variant
+    from hub_export.encoders import build_reference, eager_outputs, verify_variant
     from hub_export.quantize import QMODES
+    from hub_export.tasks import FEATURE_EXTRACTION
 
     broken = tmp_path / "broken.pte"
     data = bytearray((exported_bert / "model-fp32-emb8w.pte").read_bytes())
     data[len(data) // 2 : len(data) // 2 + 4096] = bytes(range(256)) * 16
     broken.write_bytes(bytes(data))
-    embedder = SentenceEmbedder(AutoModel.from_pretrained(tiny_bert).eval(), Pooling.of_folder(tiny_bert))
-    reference = build_reference(embedder, tiny_bert / "tokenizer.json", 128)
-    result = verify_variant(broken, eager_vectors(embedder, reference.inputs), reference, QMODES["fp32"])
+    model = AutoModel.from_pretrained(tiny_bert).eval()
+    reference = build_reference(FEATURE_EXTRACTION, model, tiny_bert, 128)
+    expected = eager_outputs(SentenceEmbedder(model, Pooling.of_folder(tiny_bert)), reference)
+    result = verify_variant(FEATURE_EXTRACTION, broken, expected, reference, QMODES["fp32"], "8w")
     assert not result.passed
     assert result.failure.startswith(("against eager: ", "runtime error: ")), result.failure
 
