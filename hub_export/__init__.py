@@ -1,4 +1,4 @@
-"""hub-export: Hugging Face causal LMs -> verified ExecuTorch ``.pte`` files on the Hub.
+"""hub-export: Hugging Face language models and encoders -> verified ExecuTorch ``.pte`` files on the Hub.
 
 The pipeline, one module a stage: :mod:`~hub_export.source` -> (:mod:`~hub_export.calibrate`)
 -> :mod:`~hub_export.wrap` -> :mod:`~hub_export.quantize` -> :mod:`~hub_export.lower` ->
@@ -24,9 +24,11 @@ from __future__ import annotations
 # `hub_export.export` the module is loaded. These modules import torch lazily.
 from .archs import FAMILIES
 from .card import render_card
+from .classify import ClassifyResult, classify
 from .embed import EmbedResult, embed
 from .errors import ExportError, HubError, HubExportError, InputError, InternalError, SourceError, VerificationError
 from .export import export, read_manifest
+from .fill_mask import FillMaskResult, fill_mask
 from .generate import GenerationResponse, GenerationResult, Sampling, generate, stream_generate
 from .manifest import Manifest, Variant
 from .options import ExportOptions
@@ -49,6 +51,10 @@ __all__ = [
     "stream_generate",
     "embed",
     "EmbedResult",
+    "fill_mask",
+    "FillMaskResult",
+    "classify",
+    "ClassifyResult",
     "prepare_pte_process",
     "GenerationResponse",
     "Sampling",

@@ -46,6 +46,17 @@ FAMILIES: tuple[Family, ...] = (
     Family("RoBERTa / XLM-R", ("roberta", "xlm-roberta"), "none", "verified", "position ids offset by padding", "feature-extraction"),
     Family("DistilBERT", ("distilbert",), "none", "verified", "no token types", "feature-extraction"),
     Family("MPNet", ("mpnet",), "none", "verified", "relative position bias", "feature-extraction"),
+    Family("ModernBERT", ("modernbert",), "none", "verified", "global + sliding-window (local) attention layers", "feature-extraction"),
+    Family("BERT", ("bert",), "none", "verified", "MLM head tied to the token embeddings", "fill-mask"),
+    Family("RoBERTa / XLM-R", ("roberta", "xlm-roberta"), "none", "verified", "<mask> token", "fill-mask"),
+    Family("DistilBERT", ("distilbert",), "none", "verified", "", "fill-mask"),
+    Family("MPNet", ("mpnet",), "none", "verified", "", "fill-mask"),
+    Family("ModernBERT", ("modernbert",), "none", "verified", "global + sliding-window (local) attention layers", "fill-mask"),
+    Family("ViT", ("vit",), "none", "verified", "patch embeddings + [CLS] head", "image-classification"),
+    Family("DeiT", ("deit",), "none", "verified", "distillation token; head averages both", "image-classification"),
+    Family("MobileViT", ("mobilevit",), "none", "verified", "convolutions + transformer blocks", "image-classification"),
+    Family("ConvNeXt", ("convnext",), "none", "verified", "all-convolutional", "image-classification"),
+    Family("EfficientNet", ("efficientnet",), "none", "verified", "depthwise convolutions, squeeze-excite", "image-classification"),
 )
 # fmt: on
 
@@ -54,7 +65,12 @@ SUPPORTED_MODEL_TYPES: dict[str, frozenset[str]] = {
     task: frozenset(t for f in FAMILIES if f.task == task for t in f.model_types)
     for task in dict.fromkeys(f.task for f in FAMILIES)
 }
-_WHAT = {"text-generation": "decoder-only causal LM", "feature-extraction": "sentence-embedding encoder"}
+_WHAT = {
+    "text-generation": "decoder-only causal LM",
+    "feature-extraction": "sentence-embedding encoder",
+    "fill-mask": "masked language model",
+    "image-classification": "image classifier",
+}
 
 
 def family_for(model_type: str, task: str = "text-generation") -> Family:

@@ -281,6 +281,7 @@ def variant_facts(variant: Variant) -> dict[str, Any]:
         "min_cosine_vs_fp32": _figure((check.figures or {}).get("min_cosine_vs_fp32"), ".4f"),
         "retrieval": _figure((check.figures or {}).get("retrieval_vs_fp32"), ".0%"),
         "embedding_dim": variant.metadata.get("get_embedding_dim"),
+        **_label_facts(check.figures or {}),
         "quality_top1": _figure(quality.top1 if quality else None, ".0%"),
         "prefill_tps": _figure(check.speed("prefill"), ".0f"),
         "decode_tps": _figure(check.speed("decode"), ".0f"),
@@ -288,6 +289,34 @@ def variant_facts(variant: Variant) -> dict[str, Any]:
         "mixed": _mixed_line(variant),
         **memory_facts(variant),
     }
+
+
+def _label_facts(figures: Mapping[str, float]) -> dict[str, str]:
+    """A fill-mask or image-classification variant's figures as text."""
+    return {
+        "top1_vs_eager": _figure(figures.get("top1_vs_eager"), ".0%"),
+        "kl_vs_eager": _figure(figures.get("mean_kl_vs_eager"), ".2g"),
+        "top1_vs_fp32": _figure(figures.get("top1_vs_fp32"), ".0%"),
+        "top5_vs_fp32": _figure(figures.get("top5_overlap_vs_fp32"), ".0%"),
+        "accuracy": _figure(figures.get("accuracy"), ".0%"),
+        "fp32_accuracy": _figure(figures.get("fp32_accuracy"), ".0%"),
+    }
+
+
+_UNSAFE_LABEL = re.compile(r"[^\w .,'()/+-]")
+
+
+def label_names(config: Mapping[str, Any] | None, limit: int = 12) -> tuple[list[str], int]:
+    """(the first ``limit`` label names of a classifier's config, how many it has), made safe to print in a card:
+    a config is the source repo's text, so anything beyond letters, digits and plain punctuation is dropped."""
+    id2label = (config or {}).get("id2label")
+    if not isinstance(id2label, Mapping):
+        return [], 0
+    names = [
+        _UNSAFE_LABEL.sub("", str(value))[:60]
+        for _, value in sorted(id2label.items(), key=lambda kv: str(kv[0]).zfill(8))
+    ]
+    return names[:limit], len(names)
 
 
 def memory_facts(variant: Variant) -> dict[str, str]:
@@ -406,6 +435,10 @@ def card_context(
         "task": task_of(manifest).name,
         "pooling": source.get("pooling") or {},
         "embedding_dim": source.get("embedding_dim"),
+        "mask_token": source.get("mask_token") if source.get("mask_token") in ("[MASK]", "<mask>") else None,
+        "image_size": _image_size(source.get("image_size")),
+        "labels": label_names(config)[0],
+        "num_labels": label_names(config)[1],
         "repo_id": repo_id,
         "variants": variants,
         "qmodes": [quantize.QMODES[mode] for mode in dict.fromkeys(v.qmode for v in manifest.variants)],
@@ -422,6 +455,13 @@ def card_context(
         "config_known": bool(config),
         "all_verified": all(v["verified"] for v in variants),
     }
+
+
+def _image_size(value: Any) -> str | None:
+    """``224x224`` from a manifest's ``[height, width]``, or None."""
+    if isinstance(value, list) and len(value) == 2 and all(isinstance(v, int) and 0 < v < 100_000 for v in value):
+        return f"{value[0]}x{value[1]}"
+    return None
 
 
 def local_placeholder(manifest: Manifest) -> str | None:

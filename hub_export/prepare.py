@@ -30,7 +30,7 @@ if TYPE_CHECKING:
 log = logging.getLogger(__name__)
 
 DEFAULT_MAX_SEQ_LEN = 2048
-COPIED_FILES = source_stage.CONFIG_FILES + source_stage.TOKENIZER_FILES
+COPIED_FILES = source_stage.CONFIG_FILES + source_stage.TOKENIZER_FILES + source_stage.PROCESSOR_FILES
 
 Say = Callable[..., None]
 

@@ -36,7 +36,7 @@ from .hub import (
 from .manifest import MANIFEST_NAME, Manifest, Variant, package_versions, sha256_file
 from .options import ExportOptions, options_with
 from .progress import Callback, Tracker, tracker
-from .source import CONFIG_FILES, TOKENIZER_FILES, display_name, peek_fingerprint
+from .source import CONFIG_FILES, PROCESSOR_FILES, TOKENIZER_FILES, display_name, peek_fingerprint
 
 log = logging.getLogger(__name__)
 
@@ -46,7 +46,7 @@ Progress = Callable[[str], None]
 CARD_NAME = card_module.CARD_NAME
 
 
-COMPANION_FILES = tuple(CONFIG_FILES) + tuple(TOKENIZER_FILES)
+COMPANION_FILES = tuple(CONFIG_FILES) + tuple(TOKENIZER_FILES) + tuple(PROCESSOR_FILES)
 
 
 @dataclass
@@ -336,8 +336,9 @@ def _check_folder(folder: Path, manifest: Manifest) -> None:
                     f"{folder.name}/{name} has sha256 {actual}, but the manifest says {expected}; "
                     "the file changed after export: export again"
                 )
-    if not (folder / "tokenizer.json").is_file():
-        raise InputError(f"{folder.name}/ has no tokenizer.json; the runners need it: export again")
+    companion = card_module.task_of(manifest).companion
+    if not (folder / companion).is_file():
+        raise InputError(f"{folder.name}/ has no {companion}; a device needs it beside the file: export again")
 
 
 def _source_card_data(

@@ -35,8 +35,10 @@ from pathlib import Path
 from typing import Any
 
 from .card import human_size, task_of, variant_facts
+from .classify import ClassifyResult, classify
 from .embed import EmbedResult, embed
 from .errors import HubExportError, InputError, Namer, cli_name, opt
+from .fill_mask import FillMaskResult, fill_mask
 from .generate import GenerationResult, Sampling, stream_generate
 from .hub import check_repo_id, default_repo_name, read_card
 from .manifest import Manifest
@@ -181,6 +183,7 @@ class PreviewRequest:
     chat: bool | None  # None: the chat template when the model has one (what ``generate`` takes)
     system: str | None = None
     sampling: Sampling = field(default_factory=Sampling)
+    image: str | None = None  # an uploaded image's path, for an image-classification repo
 
 
 def sampling_from_form(temperature: Any, top_p: Any, top_k: Any, repetition_penalty: Any, seed: Any) -> Sampling:
@@ -203,6 +206,7 @@ def preview_request(
     chat: Any,
     system: str | None = None,
     sampling: Sampling | None = None,
+    image: str | None = None,
 ) -> PreviewRequest:
     """Check a preview form (and API arguments) before anything is downloaded.
 
@@ -214,8 +218,8 @@ def preview_request(
         raise InputError("enter the repo to try, e.g. alice/SmolLM2-135M-ExecuTorch")
     check_repo_id(repo_id)
     prompt = prompt or ""
-    if not prompt.strip():
-        raise InputError("type a prompt")
+    if not prompt.strip() and not image:
+        raise InputError("type a prompt (or, for an image-classification repo, upload an image)")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise InputError(f"the prompt is {len(prompt)} characters; keep it under {MAX_PROMPT_CHARS}")
     limit = whole_number(max_new_tokens, "Max new tokens") or 64
@@ -231,6 +235,7 @@ def preview_request(
         None if chat else False,
         (system or "").strip() or None,
         sampling,
+        image or None,
     )
 
 
@@ -375,7 +380,7 @@ def publish_and_read_back(
 
 def preview(
     request: PreviewRequest, token: str | None, endpoint: str, folder: Path, emit: Emit
-) -> GenerationResult | EmbedResult:
+) -> GenerationResult | EmbedResult | FillMaskResult | ClassifyResult:
     """Pull the variant into ``folder`` and try it as its task does: emits ("stage", line) and ("text", piece).
 
     A text-generation file streams its answer to the prompt; a sentence-embedding file
@@ -402,6 +407,28 @@ def _preview_embeddings(request: PreviewRequest, files: Path, pte: str, emit: Em
     return result
 
 
+def _preview_fill_mask(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> FillMaskResult:
+    """Show the words the file puts at each mask of the prompt."""
+    emit(("stage", f"filling the masks with {pte}"))
+    result = fill_mask(files / pte, files, request.prompt)
+    lines = []
+    for index, guesses in enumerate(result.masks):
+        words = ", ".join(f"{guess.token} ({guess.probability:.2f})" for guess in guesses)
+        lines.append(f"mask {index + 1}: {words}")
+    emit(("text", "\n".join(lines)))
+    return result
+
+
+def _preview_classify(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> ClassifyResult:
+    """Show the uploaded image's most likely labels."""
+    if not request.image:
+        raise InputError("this repo labels images: upload one")
+    emit(("stage", f"labelling the image with {pte}"))
+    result = classify(files / pte, files, request.image)
+    emit(("text", "\n".join(f"{label.label}: {label.probability:.3f}" for label in result.labels)))
+    return result
+
+
 def _preview_text(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> GenerationResult:
     """Stream the file's answer to the prompt."""
     emit(("stage", f"generating with {pte}"))
@@ -423,7 +450,12 @@ def _preview_text(request: PreviewRequest, files: Path, pte: str, emit: Emit) ->
 
 
 # How each task's files are tried in the preview.
-_PREVIEWS = {"text-generation": _preview_text, "feature-extraction": _preview_embeddings}
+_PREVIEWS = {
+    "text-generation": _preview_text,
+    "feature-extraction": _preview_embeddings,
+    "fill-mask": _preview_fill_mask,
+    "image-classification": _preview_classify,
+}
 
 
 # -- views ----------------------------------------------------------------------------------------

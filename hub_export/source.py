@@ -18,6 +18,7 @@ from . import gguf_source
 from .errors import InputError, SourceError, opt
 from .hub import hub_errors, resolve_endpoint
 from .manifest import sha256_file
+from .tasks import task_for
 
 CONFIG_FILES = ["config.json", "generation_config.json"]
 # sentence-transformers' description of an embedding model: which pooling, whether normalised,
@@ -41,6 +42,9 @@ TOKENIZER_FILES = [
     "vocab.json",
     "merges.txt",
 ]
+# How raw input becomes the model's input (an image's resize and normalisation, audio's
+# features): a device reproduces it, so it travels with the files.
+PROCESSOR_FILES = ["preprocessor_config.json", "processor_config.json"]
 CARD_FILE = "README.md"
 
 
@@ -97,7 +101,11 @@ def _select_files(names: list[str], allow_pickle: bool, where: str) -> list[str]
                 param="allow_pickle",
             )
         weights = pickles
-    wanted = [n for n in names if n in CONFIG_FILES or n in TOKENIZER_FILES or n in SENTENCE_FILES or n == CARD_FILE]
+    wanted = [
+        n
+        for n in names
+        if n in CONFIG_FILES or n in TOKENIZER_FILES or n in PROCESSOR_FILES or n in SENTENCE_FILES or n == CARD_FILE
+    ]
     return wanted + weights
 
 
@@ -117,12 +125,21 @@ def check_safety(config: dict, where: str, trust_remote_code: bool) -> None:
         )
 
 
-def check_tokenizer(folder: Path, where: str) -> None:
-    if not (folder / "tokenizer.json").is_file():
+def check_companion(folder: Path, where: str, config: dict) -> None:
+    """Refuse a source without the file a device needs to make its task's input: the tokenizer, or an image
+    model's processor settings."""
+    companion = task_for(config).companion
+    if (folder / companion).is_file():
+        return
+    if companion == "tokenizer.json":
         raise SourceError(
-            f"{where} has no tokenizer.json (the ExecuTorch runner reads it); add one, e.g. with "
+            f"{where} has no tokenizer.json (a device tokenizes with it); add one, e.g. with "
             "AutoTokenizer.from_pretrained(...).save_pretrained(folder)"
         )
+    raise SourceError(
+        f"{where} has no {companion} (a device prepares its input as it says); add one, e.g. with "
+        "AutoProcessor.from_pretrained(...).save_pretrained(folder)"
+    )
 
 
 def resolve(
@@ -161,7 +178,7 @@ def resolve(
         _select_files(names, allow_pickle, where)
         config = _read_config(local, where)
         check_safety(config, where, trust_remote_code)
-        check_tokenizer(local, where)
+        check_companion(local, where, config)
         if precheck is not None:
             precheck(config)
         return Source(local.resolve(), where, None, True, config)
@@ -175,8 +192,8 @@ def resolve(
     folder = _download(source, info.sha, ["config.json"], token, endpoint, cache_dir)
     config = _read_config(folder, source)
     check_safety(config, source, trust_remote_code)
-    if "tokenizer.json" not in names:
-        check_tokenizer(folder, source)
+    if task_for(config).companion not in names:
+        check_companion(folder, source, config)
     if precheck is not None:
         precheck(config)
     folder = _download(source, info.sha, files, token, endpoint, cache_dir)
@@ -269,7 +286,7 @@ def _resolve_gguf(source, local: Path, gguf_file, revision, token, endpoint, cac
         name, sha, is_local = source, info.sha, False
     folder, record = gguf_source.converted_folder(path, say)
     config = _read_config(folder, name)
-    check_tokenizer(folder, name)
+    check_companion(folder, name, config)
     if precheck is not None:
         precheck(config)
     return Source(folder, name, sha, is_local, config, gguf=record)

@@ -41,6 +41,7 @@ class Task:
     summary_format: str | None = None  # against the eager model: the pass/fail figure
     quality_format: str | None = None  # against fp32: what quantization kept
     quality_legend: str | None = None  # what the quality column of `hub-export ls` means
+    companion: str = "tokenizer.json"  # the file a device needs beside the .pte to make the method's input
 
     @property
     def pipeline_tag(self) -> str:
@@ -89,7 +90,7 @@ FILL_MASK = Task(
     quality="top-1 and top-5 agreement with fp32 eager at one masked word in each of 64 real sentences, and how "
     "often the masked word itself comes first",
     card_template="model_card_classification.md.j2",
-    module="fill_mask",
+    module="masked_lm",
     summary_format="KL {mean_kl_vs_eager:.2g}, top-1 {top1_vs_eager:.0%} vs eager",
     quality_format="top-1 {top1_vs_fp32:.0%}, top-5 {top5_overlap_vs_fp32:.0%} of fp32's; word found {accuracy:.0%} "
     "(fp32 {fp32_accuracy:.0%})",
@@ -104,10 +105,11 @@ IMAGE_CLASSIFICATION = Task(
     auto_class="AutoModelForImageClassification",
     quality="top-1 and top-5 agreement with fp32 eager on 32 drawn images",
     card_template="model_card_classification.md.j2",
-    module="image_classification",
+    module="image_classifier",
     summary_format="KL {mean_kl_vs_eager:.2g}, top-1 {top1_vs_eager:.0%} vs eager",
     quality_format="top-1 {top1_vs_fp32:.0%}, top-5 {top5_overlap_vs_fp32:.0%} of fp32's",
     quality_legend="on 32 drawn images: the file's top label and top-5 labels against the fp32 model's",
+    companion="preprocessor_config.json",
 )
 
 TASKS: dict[str, Task] = {
@@ -147,7 +149,7 @@ def task_for(config: dict, requested: str | None = None) -> Task:
         if architecture.endswith("Model") and not architecture.endswith("PreTrainedModel"):
             return FEATURE_EXTRACTION
         for head, task in _HEADS.items():
-            if architecture.endswith(head):
+            if head in architecture:  # DeiTForImageClassificationWithTeacher too
                 return task
         for head, task in _OTHER_HEADS.items():
             if architecture.endswith(head):

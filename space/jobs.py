@@ -19,9 +19,11 @@ from settings import Settings
 from wording import failure_message
 
 from hub_export import service
+from hub_export.classify import ClassifyResult
 from hub_export.embed import EmbedResult
 from hub_export.engines import RayEngine
 from hub_export.errors import HubError
+from hub_export.fill_mask import FillMaskResult
 from hub_export.generate import GenerationResult
 from hub_export.hub import target_repo
 from hub_export.pull import list_variants
@@ -203,15 +205,17 @@ class Jobs:
         repetition_penalty,
         seed,
         token,
+        image=None,
         oauth_token: gr.OAuthToken | None = None,
     ) -> Iterator[tuple[str, str]]:
-        """Download one variant and try it as its task does (generated text, or embedded lines); yields (text, line)."""
+        """Download one variant and try it as its task does (generated text, embedded lines, filled masks, an image's
+        labels); yields (text, line)."""
         job_id = uuid.uuid4().hex[:8]
         redact = self.redactor(token, oauth_token.token if oauth_token else None)
         text = ""  # kept: a failure shows what was generated before it
         try:
             sampling = service.sampling_from_form(temperature, top_p, top_k, repetition_penalty, seed)
-            request = service.preview_request(repo_id, variant, prompt, max_new_tokens, chat, system, sampling)
+            request = service.preview_request(repo_id, variant, prompt, max_new_tokens, chat, system, sampling, image)
             user = self.user_token(oauth_token, token, required=False)
             redact.add(user)
             started = time.monotonic()
@@ -230,7 +234,11 @@ class Jobs:
             raise gr.Error(message, print_exception=False) from None
 
 
-def _speed_line(result: GenerationResult | EmbedResult) -> str:
+def _speed_line(result: GenerationResult | EmbedResult | FillMaskResult | ClassifyResult) -> str:
+    if isinstance(result, FillMaskResult):
+        return f"{DONE} {len(result.masks)} masks in {result.tokens} tokens · **{result.seconds * 1000:.0f} ms**"
+    if isinstance(result, ClassifyResult):
+        return f"{DONE} labelled in **{result.seconds * 1000:.0f} ms**"
     if isinstance(result, EmbedResult):
         tokens = sum(result.tokens)
         return f"{DONE} embedded {len(result.tokens)} texts ({tokens} tokens) · **{result.texts_per_s:.0f} texts/s**"

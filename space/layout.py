@@ -173,7 +173,11 @@ def preview_tab() -> dict[str, Any]:
         value=CHAT_PROMPT,
         lines=3,
         max_length=MAX_PROMPT_CHARS,
-        info="For a sentence-embedding repo: two or more sentences, one per line, to compare.",
+        info="For a sentence-embedding repo: two or more sentences, one per line, to compare. "
+        "For a fill-mask repo: a text with [MASK] (or <mask>) where a word is missing.",
+    )
+    ui["image"] = gr.Image(
+        label="Image (for an image-classification repo)", type="filepath", sources=["upload"], height=180
     )
     with gr.Row(equal_height=True):
         ui["chat"] = gr.Checkbox(

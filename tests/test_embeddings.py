@@ -269,7 +269,7 @@ def test_an_embedding_repo_goes_through_push_ls_pull_and_embed(exported_bert, lo
 
     code, out, _ = run_cli(["ls", repo_id, "--endpoint", local_hub.endpoint, "--token", local_hub.alice_token], capsys)
     flat = " ".join(out.split())
-    assert code == 0 and "cosine to fp32" in flat and "model-8da8w-emb8w.pte" in flat and "neighbours" in flat
+    assert code == 0 and "quality vs fp32" in flat and "model-8da8w-emb8w.pte" in flat and "neighbours" in flat
 
     folder = pull(repo_id, variant="8da8w", output_dir=tmp_path / "pulled", **hub)
     local = json.loads(run_cli(["embed", str(folder), "--json", "a short text"], capsys)[1])
