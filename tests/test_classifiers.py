@@ -117,7 +117,9 @@ def test_fill_mask_cli_and_card(exported_mlm, capsys) -> None:
     from hub_export.card import render_card
     from hub_export.manifest import Manifest
 
-    code, out, _ = run_cli(["fill-mask", str(exported_mlm), "The old [MASK] stood by the river.", "--top-k", "3"], capsys)
+    code, out, _ = run_cli(
+        ["fill-mask", str(exported_mlm), "The old [MASK] stood by the river.", "--top-k", "3"], capsys
+    )
     assert code == 0 and "word" in out and len([line for line in out.splitlines() if "│" in line]) == 3
     code, _, err = run_cli(["fill-mask", str(exported_mlm), "No mask here."], capsys)
     assert code == 2 and "the text has no mask token" in error_line(err)
@@ -152,7 +154,9 @@ def test_classify_gives_the_eager_models_labels(exported_vit, tiny_vit, picture)
 
     result = classify(exported_vit / "model-fp32.pte", exported_vit, picture, top_k=3)
     model = AutoModelForImageClassification.from_pretrained(tiny_vit).eval()
-    pixels = AutoImageProcessor.from_pretrained(tiny_vit)(images=Image.open(picture).convert("RGB"), return_tensors="pt")
+    pixels = AutoImageProcessor.from_pretrained(tiny_vit)(
+        images=Image.open(picture).convert("RGB"), return_tensors="pt"
+    )
     with torch.no_grad():
         probabilities = torch.softmax(model(**pixels).logits[0], -1)
     top = probabilities.topk(3)

@@ -235,7 +235,7 @@ def test_a_broken_embedding_file_fails_verification(exported_bert, tiny_bert, tm
 # --- more families, end to end -------------------------------------------------------------------
 
 
-MORE_FAMILIES = ["roberta", "xlm-roberta", "distilbert", "mpnet"]
+MORE_FAMILIES = ["roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert"]
 
 
 def test_every_encoder_family_is_exported_by_a_test() -> None:
