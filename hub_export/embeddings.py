@@ -150,7 +150,7 @@ def seq_len(folder: Path, config: dict, requested: int | None) -> int:
     return min(limit, DEFAULT_SEQ_LEN)
 
 
-def wrap(model: nn.Module, folder: Path) -> SentenceEmbedder:
+def wrap(model: nn.Module, folder: Path, max_seq_len: int = 0) -> SentenceEmbedder:
     return SentenceEmbedder(model, Pooling.of_folder(folder))
 
 

@@ -14,6 +14,11 @@ build runs them in the same order for every variant:
 - ``judge(actual, expected, reference, mode, qembedding)``: the :class:`Verification`;
 - ``source_record(model, folder)``: what the manifest's source record adds.
 
+A task whose file has several methods or a loop (speech) adds hooks the build uses
+instead of the defaults: ``reference(model, folder, seq_len)``, ``expected(wrapped,
+reference)``, ``quantize_model(model, qmode, options)`` and ``verify_variant(pte,
+expected, reference, mode, qembedding)``; its ``export`` returns one program per method.
+
 Verification runs each reference input through the ``.pte`` (batch 1, as a device
 runs it), picks the answer (:func:`answer`) and hands the stacked answers to the
 task's ``judge``, with the quantized eager model's answers (``expected``) and the fp32
@@ -62,6 +67,12 @@ def answer(output: torch.Tensor, position: int | None) -> torch.Tensor:
     return output[0, position] if position is not None else output[0]
 
 
+def expected_answers(task: tasks.Task, wrapped: nn.Module, reference):
+    """What the file must reproduce: ``wrapped`` (the quantized eager model, wrapped) on ``reference``'s inputs."""
+    module = stages(task)
+    return module.expected(wrapped, reference) if hasattr(module, "expected") else eager_outputs(wrapped, reference)
+
+
 def eager_outputs(wrapped: nn.Module, reference: EncoderReference) -> torch.Tensor:
     """``wrapped``'s answers to ``reference``'s inputs, ``[N, ...]`` in float32."""
     positions = reference.positions or [None] * len(reference.inputs)
@@ -74,6 +85,8 @@ def eager_outputs(wrapped: nn.Module, reference: EncoderReference) -> torch.Tens
 def build_reference(task: tasks.Task, model: nn.Module, folder: Path, seq_len: int) -> EncoderReference:
     """The fp32 eager reference of a run: ``task``'s evaluation inputs and ``model``'s answers to them."""
     module = stages(task)
+    if hasattr(module, "reference"):
+        return module.reference(model, folder, seq_len)
     reference = module.eval_inputs(folder, model.config, seq_len)
     return replace(reference, outputs=eager_outputs(module.wrap(model, folder).eval(), reference))
 
@@ -102,6 +115,9 @@ def verify_variant(
 
     A file that does not load or run fails with a "runtime error" and no figures beyond its limits.
     """
+    module = stages(task)
+    if hasattr(module, "verify_variant"):
+        return module.verify_variant(pte_path, expected, reference, mode, qembedding)
     try:
         actual = pte_outputs(PteModel(pte_path), reference)
     except VerificationError as error:

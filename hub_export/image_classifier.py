@@ -93,7 +93,7 @@ def seq_len(folder: Path, config: dict, requested: int | None) -> int:
     return image_size(folder)[0]
 
 
-def wrap(model: nn.Module, folder: Path) -> ImageClassifier:
+def wrap(model: nn.Module, folder: Path, max_seq_len: int = 0) -> ImageClassifier:
     return ImageClassifier(model, image_size(folder))
 
 

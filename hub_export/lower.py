@@ -150,6 +150,8 @@ def to_pte(
     from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
     from executorch.exir.passes import MemoryPlanningPass
 
+    if isinstance(program, dict):  # several methods (a speech file): lowered together, the stock way
+        return _methods_to_pte(program, metadata, path, on_partition)
     inferred_reshapes(program)
     drop_provenance(program)
     xnnpack = partitioner()
@@ -182,4 +184,37 @@ def to_pte(
             if not data_path.is_file():
                 raise RuntimeError(f"ExecuTorch wrote no {data_path.name}")
         del executorch_program
+    return path.stat().st_size
+
+
+def _methods_to_pte(
+    programs: dict[str, torch.export.ExportedProgram],
+    metadata: dict[str, Any],
+    path: Path,
+    on_partition: Callable[[], None] | None = None,
+) -> int:
+    """Lower one program per method into one ``.pte`` at ``path``; returns its size."""
+    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
+    from executorch.exir.passes import MemoryPlanningPass
+
+    for program in programs.values():
+        inferred_reshapes(program)
+        drop_provenance(program)
+    with forgetting_tracing_caches(), skipping_idle_xnnpack_passes(on_partition):
+        edge = to_edge_transform_and_lower(
+            programs,
+            partitioner={name: [partitioner()] for name in programs},
+            compile_config=edge_compile_config(),
+            constant_methods=metadata,
+        )
+    executorch_program = edge.to_executorch(
+        ExecutorchBackendConfig(
+            extract_delegate_segments=True,
+            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+            do_quant_fusion_and_const_prop=True,
+        )
+    )
+    del edge
+    with open(path, "wb") as handle:
+        executorch_program.write_to_file(handle)
     return path.stat().st_size

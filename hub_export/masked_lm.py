@@ -75,7 +75,7 @@ def mask_token(folder: Path) -> tuple[str, int]:
     )
 
 
-def wrap(model: nn.Module, folder: Path) -> MaskedLM:
+def wrap(model: nn.Module, folder: Path, max_seq_len: int = 0) -> MaskedLM:
     return MaskedLM(model)
 
 

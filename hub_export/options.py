@@ -126,6 +126,12 @@ class ExportOptions:
             info="Shrinks large vocabularies.",
         ),
     )
+    qmode_encoder: str | None = _option(
+        None,
+        help="Speech models: quantize the audio encoder with this qmode instead of each variant's "
+        "(the encoder runs once per 30 s of audio, the decoder once per token).",
+        show_default=False,
+    )
     group_size: int = _option(
         quantize.DEFAULT_GROUP_SIZE,
         help="Group size for grouped int4 weights (a multiple of 32).",
@@ -279,6 +285,11 @@ class ExportOptions:
                     param="share_embeddings",
                 )
         quantize.validate(list(self.qmodes), self.qembedding, self.group_size)
+        if self.qmode_encoder is not None and self.qmode_encoder not in quantize.QMODES:
+            raise InputError(
+                f"unknown {opt('qmode_encoder')} {self.qmode_encoder!r}; choose from {', '.join(quantize.QMODES)}",
+                param="qmode_encoder",
+            )
         if self.task is not None:
             tasks.check_qmodes(tasks.task_for({}, self.task), self.qmodes)
         self._validate_recipe()

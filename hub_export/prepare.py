@@ -152,6 +152,7 @@ _REFERENCE_WORDS = {
     "feature-extraction": lambda options: "64 sentences of evaluation text",
     "fill-mask": lambda options: "a masked word in each of 64 sentences of evaluation text",
     "image-classification": lambda options: "32 drawn images",
+    "automatic-speech-recognition": lambda options: "transcripts of the shipped recordings",
 }
 
 
@@ -184,6 +185,12 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
     def precheck(config: dict) -> None:
         task = tasks.task_for(config, options.task)
         tasks.check_qmodes(task, options.qmodes)
+        if options.qmode_encoder is not None and task is not tasks.AUTOMATIC_SPEECH_RECOGNITION:
+            raise InputError(
+                f"{opt('qmode_encoder')} applies to speech models (an audio encoder and a text decoder), not "
+                f"{task.name}; drop it",
+                param="qmode_encoder",
+            )
         resolved_len["value"] = resolve_max_seq_len(config, options.max_seq_len, options.sink())
         archs.check_config(ConfigView(config), resolved_len["value"], options, task.name)
         if task is not tasks.TEXT_GENERATION:

@@ -78,17 +78,24 @@ class PteModel:
         if data_path is None:
             data_path = data_file_of(self.path)
         check_loadable(self.path, data_path)
-        self.program, self.method, self.metadata = _open_program(self.path, data_path)
+        self.program, self.methods, self.metadata = _open_program(self.path, data_path)
 
-    def run(self, inputs: list[torch.Tensor]) -> torch.Tensor:
-        """The first output of the ``forward`` method on ``inputs``.
+    @property
+    def method(self):
+        """The file's main method: ``forward``, or the first of several (a speech file's ``encoder``...)."""
+        return self.methods.get("forward") or next(iter(self.methods.values()))
+
+    def run(self, inputs: list[torch.Tensor], method: str | None = None) -> torch.Tensor:
+        """The first output of ``method`` (default: :attr:`method`) on ``inputs``.
 
         Raises:
-            VerificationError: the file fails to run these inputs or returns no tensor.
+            VerificationError: the file has no such method, fails to run these inputs or returns no tensor.
         """
+        if method is not None and method not in self.methods:
+            raise VerificationError(f"{self.path.name} has no method {method!r} (it has {', '.join(self.methods)})")
         try:
             with quiet_native_output():
-                outputs = self.method.execute(inputs)
+                outputs = (self.methods[method] if method else self.method).execute(inputs)
         except (RuntimeError, ValueError) as error:  # the binding's word for a failed method
             raise VerificationError(
                 f"{self.path.name} failed in the ExecuTorch runtime ({first_line(error)})"
@@ -114,23 +121,29 @@ class PteModel:
 
 
 def _open_program(path: Path, data_path: str | Path | None):
-    """(program, forward method, metadata) of a ``.pte``; load errors become VerificationError."""
+    """(program, its methods by name, metadata) of a ``.pte``; load errors become VerificationError.
+
+    A method without inputs is a constant (the metadata: ``get_max_seq_len``...); the
+    others are what the file computes: ``forward``, or a speech file's ``encoder``...
+    """
     from executorch.runtime import Runtime
 
     try:
         with quiet_native_output():
             program = Runtime.get().load_program(str(path), data_path=str(data_path) if data_path else None)
-            method = program.load_method("forward")
-        return program, method, _read_metadata(program)
+            names = sorted(program.method_names)
+            computing = [name for name in names if program.metadata(name).num_inputs() > 0]
+            if not computing:
+                raise VerificationError(f"{path.name} has no method that takes an input; {REDO}")
+            methods = {name: program.load_method(name) for name in computing}
+        return program, methods, _read_metadata(program, [name for name in names if name not in methods])
     except (RuntimeError, ValueError) as error:
         raise VerificationError(f"{path.name} cannot be loaded by the ExecuTorch runtime ({error})") from None
 
 
-def _read_metadata(program) -> dict:
+def _read_metadata(program, names: list[str]) -> dict:
     values = {}
-    for name in program.method_names:
-        if name == "forward":
-            continue
+    for name in names:
         with quiet_native_output():
             result = program.load_method(name).execute([])
         values[name] = (

@@ -81,6 +81,21 @@ FEATURE_EXTRACTION = Task(
     quality_legend="each file's sentence vectors against the fp32 model's on 64 sentences (mean, worst); "
     "neighbours: the share whose nearest other sentence stays the same",
 )
+AUTOMATIC_SPEECH_RECOGNITION = Task(
+    name="automatic-speech-recognition",
+    takes="preprocessor: 16 kHz samples [n]; encoder: log-mel features [1, mels, 3000]; text_decoder: token ids [1, n], "
+    "the encoder's output and cache positions [n]",
+    returns="log-mel features; every decoder layer's cross-attention keys and values; token scores [1, n, vocab]",
+    qmodes=("fp32", "8da4w", "8da8w", "4w", "8w"),
+    auto_class="AutoModelForSpeechSeq2Seq",
+    quality="word error rate on shipped recordings against the spoken sentences and against fp32 eager's transcript",
+    card_template="model_card_speech.md.j2",
+    module="speech",
+    summary_format="KL {mean_kl_vs_eager:.2g}, top-1 {top1_vs_eager:.0%}, encoder cosine {min_encoder_cosine:.4f} vs eager",
+    quality_format="WER {wer:.0%} (fp32 {fp32_wer:.0%}); {wer_vs_fp32:.0%} of fp32's words changed",
+    quality_legend="word error rate on the shipped recordings against the spoken sentences (in brackets, the fp32 "
+    "model's), and against the fp32 model's own transcript",
+)
 FILL_MASK = Task(
     name="fill-mask",
     takes="token ids and attention mask [1, seq] with mask tokens, seq up to the file's get_max_seq_len",
@@ -113,7 +128,8 @@ IMAGE_CLASSIFICATION = Task(
 )
 
 TASKS: dict[str, Task] = {
-    task.name: task for task in (TEXT_GENERATION, FEATURE_EXTRACTION, FILL_MASK, IMAGE_CLASSIFICATION)
+    task.name: task
+    for task in (TEXT_GENERATION, FEATURE_EXTRACTION, AUTOMATIC_SPEECH_RECOGNITION, FILL_MASK, IMAGE_CLASSIFICATION)
 }
 _HEADS = {"ForMaskedLM": FILL_MASK, "ForImageClassification": IMAGE_CLASSIFICATION}
 
@@ -122,7 +138,6 @@ _OTHER_HEADS = {
     "ForSequenceClassification": "text-classification",
     "ForTokenClassification": "token-classification",
     "ForConditionalGeneration": "text2text-generation or a multimodal task",
-    "ForSpeechSeq2Seq": "automatic-speech-recognition",
     "ForQuestionAnswering": "question-answering",
 }
 
@@ -143,6 +158,8 @@ def task_for(config: dict, requested: str | None = None) -> Task:
     architectures = [a for a in config.get("architectures") or [] if isinstance(a, str)]
     if config.get("model_type") in SUPPORTED_MODEL_TYPES["text-generation"]:
         return TEXT_GENERATION  # a decoder family, whatever head its config names
+    if config.get("model_type") in SUPPORTED_MODEL_TYPES["automatic-speech-recognition"]:
+        return AUTOMATIC_SPEECH_RECOGNITION
     for architecture in architectures:
         if architecture.endswith("ForCausalLM") or architecture.endswith("LMHeadModel"):
             return TEXT_GENERATION

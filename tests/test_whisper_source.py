@@ -123,7 +123,7 @@ def test_the_edit_distance() -> None:
 
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory):
-    from hub_export.ct2_whisper import packaged_whisper
+    from hub_export.demo import packaged_whisper
 
     return packaged_whisper(tmp_path_factory.mktemp("whisper"))
 
@@ -182,7 +182,7 @@ def test_the_converted_folder_has_whisper_tokens_and_generation_settings(whisper
 
 @pytest.mark.real
 def test_a_failed_write_keeps_the_previous_folder_and_no_staging(tmp_path, monkeypatch) -> None:
-    from hub_export import ct2_whisper
+    from hub_export import ct2_whisper, demo
     from hub_export.demo import package_folder
 
     out = tmp_path / "whisper"
@@ -195,5 +195,5 @@ def test_a_failed_write_keeps_the_previous_folder_and_no_staging(tmp_path, monke
 
     monkeypatch.setattr(ct2_whisper, "_write", write_then_fail)
     with pytest.raises(OSError, match="disk full"):
-        convert_ct2_whisper(package_folder(ct2_whisper.WHISPER_PACKAGE) / "model", out)
+        convert_ct2_whisper(package_folder(demo.WHISPER_PACKAGE) / "model", out)
     assert [p.name for p in tmp_path.iterdir()] == ["whisper"] and [p.name for p in out.iterdir()] == ["previous"]

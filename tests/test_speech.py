@@ -1,0 +1,157 @@
+"""Speech recognition: a Whisper exports into one file whose three methods transcribe as the eager model does,
+verification tells a wrong file from an honest one, and the CLI, the API and the card say what a user checks."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import pytest
+import torch
+from helpers import error_line, run_cli
+
+from hub_export.errors import InputError
+
+
+@pytest.fixture(scope="session")
+def tiny_whisper(tmp_path_factory) -> Path:
+    from hub_export.demo import build_tiny_whisper
+
+    return build_tiny_whisper(tmp_path_factory.mktemp("speech") / "tiny-whisper")
+
+
+@pytest.fixture(scope="session")
+def exported_whisper(tmp_path_factory, tiny_whisper) -> Path:
+    from hub_export.export import export
+
+    out = tmp_path_factory.mktemp("exports") / "tiny-whisper"
+    export(str(tiny_whisper), out, qmodes=["fp32", "8da8w"], qembedding="8w", jobs=1)
+    return out
+
+
+@pytest.fixture(scope="session")
+def spoken(tmp_path_factory) -> Path:
+    """A shipped recording, resampled to 44.1 kHz stereo WAV: what a user's file looks like."""
+    import numpy as np
+    import soundfile
+    from scipy.signal import resample_poly
+
+    from hub_export.speech import eval_clips
+
+    clip = eval_clips()[1]
+    stereo = np.stack([resample_poly(clip.waveform.numpy(), 441, 160)] * 2, axis=1)
+    path = tmp_path_factory.mktemp("audio") / "speech.wav"
+    soundfile.write(path, stereo, 44100)
+    return path
+
+
+def test_a_whisper_file_has_the_methods_its_consumers_call(exported_whisper) -> None:
+    from hub_export.manifest import Manifest
+    from hub_export.runtime import PteModel
+
+    manifest = Manifest.read(exported_whisper)
+    assert manifest.source["task"] == "automatic-speech-recognition"
+    assert manifest.source["methods"] == ["preprocessor", "encoder", "text_decoder"]
+    model = PteModel(exported_whisper / "model-8da8w-emb8w.pte")
+    assert set(model.methods) == {"preprocessor", "encoder", "text_decoder"}
+    assert model.metadata["decoder_start_token_id"] == 50257 and model.metadata["get_eos_id"] == 50256
+    assert model.metadata["get_max_seq_len"] == 64 and model.metadata["max_hidden_seq_length"] == 1500
+    for variant in manifest.variants:
+        figures = variant.verification.figures
+        assert variant.verification.verified and figures["clips"] == 4
+        assert figures["max_feature_diff"] < 0.02 and figures["min_encoder_cosine"] > 0.99
+    fp32 = manifest.variant("fp32").verification.figures
+    assert fp32["wer_vs_fp32"] == 0 and fp32["mean_kl_vs_eager"] < 1e-4
+
+
+def test_the_file_transcribes_as_the_eager_model_does(exported_whisper, tiny_whisper, spoken) -> None:
+    from transformers import WhisperForConditionalGeneration
+
+    from hub_export import transcribe
+    from hub_export.speech import generation_settings, greedy_tokens, prompt_ids, read_audio, wrap
+
+    result = transcribe(exported_whisper / "model-fp32-emb8w.pte", exported_whisper, spoken)
+    model = WhisperForConditionalGeneration.from_pretrained(tiny_whisper).eval()
+    from transformers import AutoFeatureExtractor
+
+    features = AutoFeatureExtractor.from_pretrained(tiny_whisper)(
+        read_audio(spoken).numpy(), sampling_rate=16000, return_tensors="pt"
+    ).input_features
+    settings = generation_settings(tiny_whisper)
+    wrapped = wrap(model, tiny_whisper, 64).eval()
+    with torch.no_grad():
+        eager = greedy_tokens(wrapped.encoder, wrapped.text_decoder, features, prompt_ids(settings), settings, 64)
+    from tokenizers import Tokenizer
+
+    text = Tokenizer.from_file(str(tiny_whisper / "tokenizer.json")).decode(eager, skip_special_tokens=True).strip()
+    assert result.text == text and result.audio_seconds == pytest.approx(3.86, abs=0.05)
+    assert 0 < result.real_time_factor and result.windows == [text]
+
+
+def test_the_cached_decoder_matches_transformers_whisper(tiny_whisper) -> None:
+    """The file's decoder (static cache, cross-attention keys and values from the encoder) computes what
+    transformers' WhisperForConditionalGeneration computes, token by token."""
+    from transformers import WhisperForConditionalGeneration
+
+    from hub_export.speech import wrap
+
+    model = WhisperForConditionalGeneration.from_pretrained(tiny_whisper).eval()
+    wrapped = wrap(model, tiny_whisper, 64).eval()
+    features = torch.randn(1, 80, 3000)
+    ids = torch.tensor([[50257, 50362, 464, 3797, 318]])
+    with torch.no_grad():
+        expected = model(input_features=features, decoder_input_ids=ids).logits
+        cross = wrapped.encoder(features)
+        prefill = wrapped.text_decoder(ids[:, :3], cross, torch.arange(3))
+        steps = [wrapped.text_decoder(ids[:, i : i + 1], cross, torch.tensor([i])) for i in (3, 4)]
+    actual = torch.cat([prefill, *steps], dim=1)
+    assert torch.allclose(actual, expected, atol=1e-4), (actual - expected).abs().max()
+
+
+def test_verification_fails_a_file_of_another_model(exported_whisper, tiny_whisper, tmp_path) -> None:
+    from transformers import WhisperForConditionalGeneration
+
+    from hub_export.demo import build_tiny_whisper
+    from hub_export.quantize import QMODES
+    from hub_export.speech import expected, reference, verify_variant, wrap
+
+    other = build_tiny_whisper(tmp_path / "other", seed=1)
+    model = WhisperForConditionalGeneration.from_pretrained(other).eval()
+    ref = reference(model, other, 64)
+    honest = verify_variant(exported_whisper / "model-fp32-emb8w.pte", expected(wrap(model, other, 64), ref), ref,
+                            QMODES["fp32"], "8w")  # fmt: skip
+    assert not honest.passed and "encoder output cosine" in honest.failure
+
+
+def test_transcribe_cli_and_its_refusals(exported_whisper, spoken, tmp_path, capsys) -> None:
+    code, out, err = run_cli(["transcribe", str(exported_whisper), str(spoken), "--variant", "8da8w"], capsys)
+    assert code == 0 and out.strip() and "real-time factor" in err
+    code, _, err = run_cli(["transcribe", str(exported_whisper), str(spoken), "--translate"], capsys)
+    assert code == 2 and "English-only model" in error_line(err)
+    noise = tmp_path / "notes.wav"
+    noise.write_text("not audio")
+    code, _, err = run_cli(["transcribe", str(exported_whisper), str(noise)], capsys)
+    assert code == 2 and "cannot read notes.wav as audio" in error_line(err)
+
+
+def test_the_speech_card(exported_whisper) -> None:
+    from huggingface_hub import ModelCard
+
+    from hub_export.card import render_card
+    from hub_export.manifest import Manifest
+
+    card = ModelCard(render_card(Manifest.read(exported_whisper), repo_id="alice/tiny-whisper"))
+    assert card.data.pipeline_tag == "automatic-speech-recognition"
+    row = next(line for line in card.text.splitlines() if line.startswith("| `model-8da8w-emb8w.pte`"))
+    assert row.count("|") == 8 and "%" in row and "not verified" not in row
+    assert "hub-export transcribe alice/tiny-whisper speech.wav" in card.text
+    assert "TextLLMRunner" not in card.text and "perplexity" not in card.text
+
+
+def test_qmode_encoder_applies_to_speech_only(tiny_whisper, tmp_path) -> None:
+    from hub_export.demo import build_tiny_masked_lm
+    from hub_export.export import export
+
+    with pytest.raises(InputError, match="--qmode-encoder applies to speech models"):
+        export(str(build_tiny_masked_lm(tmp_path / "mlm")), tmp_path / "out", qmode_encoder="8da8w")
+    with pytest.raises(InputError, match="unknown --qmode-encoder 'int3'"):
+        export(str(tiny_whisper), tmp_path / "out2", qmode_encoder="int3")
