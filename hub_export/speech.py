@@ -179,7 +179,7 @@ def export(wrapped: SpeechModel, max_seq_len: int) -> dict[str, torch.export.Exp
     with torch.no_grad():
         cross = wrapped.encoder(features)
         samples = torch.export.Dim("samples", min=config.num_mel_bins * 10, max=WINDOW_SAMPLES)
-        tokens = torch.export.Dim("tokens", min=1, max=max_seq_len - 1)
+        tokens = torch.export.Dim("tokens", min=1, max=max_seq_len)
         programs = {
             "preprocessor": torch.export.export(
                 wrapped.preprocessor, (torch.zeros(SAMPLE_RATE),), dynamic_shapes=({0: samples},), strict=False
