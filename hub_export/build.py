@@ -263,7 +263,9 @@ def _quantized_copy(
     if quantizer is not None:
         fallback = quantizer(model, qmode, opts)
     else:
-        fallback = quantize.quantize_model(model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings, recipe)
+        fallback = quantize.quantize_model(
+            model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings, recipe
+        )
     expected = expect(model) if run.reference is not None else None
     if last and shared_fraction(model, run.model) < 0.1:
         # No later variant needs the fp32 weights: free them before lowering. The

@@ -118,6 +118,24 @@ def _source_record(src: source_stage.Source, model, task: tasks.Task) -> dict:
     return record
 
 
+def _check_task_options(options: ExportOptions, task: tasks.Task, config: dict, source: str) -> None:
+    """Refuse options that do not apply to ``task`` or to this checkpoint."""
+    if options.qmode_encoder is not None and task is not tasks.AUTOMATIC_SPEECH_RECOGNITION:
+        raise InputError(
+            f"{opt('qmode_encoder')} applies to speech models (an audio encoder and a text decoder), not "
+            f"{task.name}; drop it",
+            param="qmode_encoder",
+        )
+    if task is not tasks.TEXT_GENERATION:
+        _check_encoder_options(options, task)
+    elif options.share_embeddings and not ConfigView(config).tie_word_embeddings:
+        raise InputError(
+            f"{source} does not tie its input and output embeddings, so {opt('share_embeddings')} has "
+            "nothing to share; drop the flag",
+            param="share_embeddings",
+        )
+
+
 def _check_encoder_options(options: ExportOptions, task: tasks.Task) -> None:
     """Refuse the decoder's options (KV cache, attention sink, shared embeddings) for ``task``."""
     decoder_only = {
@@ -185,22 +203,9 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
     def precheck(config: dict) -> None:
         task = tasks.task_for(config, options.task)
         tasks.check_qmodes(task, options.qmodes)
-        if options.qmode_encoder is not None and task is not tasks.AUTOMATIC_SPEECH_RECOGNITION:
-            raise InputError(
-                f"{opt('qmode_encoder')} applies to speech models (an audio encoder and a text decoder), not "
-                f"{task.name}; drop it",
-                param="qmode_encoder",
-            )
         resolved_len["value"] = resolve_max_seq_len(config, options.max_seq_len, options.sink())
         archs.check_config(ConfigView(config), resolved_len["value"], options, task.name)
-        if task is not tasks.TEXT_GENERATION:
-            _check_encoder_options(options, task)
-        elif options.share_embeddings and not ConfigView(config).tie_word_embeddings:
-            raise InputError(
-                f"{request.source} does not tie its input and output embeddings, so {opt('share_embeddings')} has "
-                "nothing to share; drop the flag",
-                param="share_embeddings",
-            )
+        _check_task_options(options, task, config, request.source)
 
     say(f"resolving {request.source}", "resolve")
     src = resolve_source(request, say, precheck)

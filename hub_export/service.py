@@ -46,6 +46,7 @@ from .options import FORM_NONE, ExportOptions, form_fields, form_kind
 from .pull import list_variants, pull
 from .push import PushResult, push
 from .redact import Redactor
+from .transcribe import TranscriptionResult, transcribe
 
 log = logging.getLogger(__name__)
 
@@ -184,6 +185,7 @@ class PreviewRequest:
     system: str | None = None
     sampling: Sampling = field(default_factory=Sampling)
     image: str | None = None  # an uploaded image's path, for an image-classification repo
+    audio: str | None = None  # an uploaded recording's path, for a speech-recognition repo
 
 
 def sampling_from_form(temperature: Any, top_p: Any, top_k: Any, repetition_penalty: Any, seed: Any) -> Sampling:
@@ -207,6 +209,7 @@ def preview_request(
     system: str | None = None,
     sampling: Sampling | None = None,
     image: str | None = None,
+    audio: str | None = None,
 ) -> PreviewRequest:
     """Check a preview form (and API arguments) before anything is downloaded.
 
@@ -218,8 +221,8 @@ def preview_request(
         raise InputError("enter the repo to try, e.g. alice/SmolLM2-135M-ExecuTorch")
     check_repo_id(repo_id)
     prompt = prompt or ""
-    if not prompt.strip() and not image:
-        raise InputError("type a prompt (or, for an image-classification repo, upload an image)")
+    if not prompt.strip() and not image and not audio:
+        raise InputError("type a prompt (or upload an image or a recording, for a repo that takes one)")
     if len(prompt) > MAX_PROMPT_CHARS:
         raise InputError(f"the prompt is {len(prompt)} characters; keep it under {MAX_PROMPT_CHARS}")
     limit = whole_number(max_new_tokens, "Max new tokens") or 64
@@ -236,6 +239,7 @@ def preview_request(
         (system or "").strip() or None,
         sampling,
         image or None,
+        audio or None,
     )
 
 
@@ -380,7 +384,7 @@ def publish_and_read_back(
 
 def preview(
     request: PreviewRequest, token: str | None, endpoint: str, folder: Path, emit: Emit
-) -> GenerationResult | EmbedResult | FillMaskResult | ClassifyResult:
+) -> GenerationResult | EmbedResult | FillMaskResult | ClassifyResult | TranscriptionResult:
     """Pull the variant into ``folder`` and try it as its task does: emits ("stage", line) and ("text", piece).
 
     A text-generation file streams its answer to the prompt; a sentence-embedding file
@@ -429,6 +433,16 @@ def _preview_classify(request: PreviewRequest, files: Path, pte: str, emit: Emit
     return result
 
 
+def _preview_transcribe(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> TranscriptionResult:
+    """Show the uploaded recording's text."""
+    if not request.audio:
+        raise InputError("this repo transcribes speech: upload a recording")
+    emit(("stage", f"transcribing with {pte}"))
+    result = transcribe(files / pte, files, request.audio)
+    emit(("text", result.text))
+    return result
+
+
 def _preview_text(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> GenerationResult:
     """Stream the file's answer to the prompt."""
     emit(("stage", f"generating with {pte}"))
@@ -455,6 +469,7 @@ _PREVIEWS = {
     "feature-extraction": _preview_embeddings,
     "fill-mask": _preview_fill_mask,
     "image-classification": _preview_classify,
+    "automatic-speech-recognition": _preview_transcribe,
 }
 
 

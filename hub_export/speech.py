@@ -38,7 +38,7 @@ from torch import nn
 
 from . import quantize
 from .encoders import label_figures
-from .errors import InputError, opt
+from .errors import InputError, VerificationError, first_line, opt
 from .manifest import Verification
 from .quantize import QMode
 
@@ -383,7 +383,7 @@ class SpeechFile:
     """A speech ``.pte``'s three methods, ready to transcribe (see :mod:`hub_export.transcribe`)."""
 
     def __init__(self, pte_path: str | Path):
-        from .runtime import PteModel
+        from .runtime import PteModel  # the ExecuTorch runtime: loaded when a file is run
 
         self.model = PteModel(pte_path)
         missing = [name for name in METHODS if name not in self.model.methods]
@@ -478,7 +478,6 @@ def verify_variant(
     pte_path: str | Path, expected: SpeechExpected, reference: SpeechReference, mode: QMode, qembedding: str | None
 ) -> Verification:
     """Check each method of ``pte_path`` on the shipped recordings and measure its word error rate."""
-    from .errors import VerificationError, first_line
     from .verify import MAX_MEAN_KL, MIN_TOP1, TIE_NATS  # the text decoder's bounds, one definition
 
     kind = mode.tolerance

@@ -54,7 +54,7 @@ def transcribe(
     """
     from tokenizers import Tokenizer
 
-    from .speech import (
+    from .speech import (  # torch and ExecuTorch: loaded when a file is run
         SAMPLE_RATE,
         WINDOW_SAMPLES,
         SpeechFile,

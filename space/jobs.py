@@ -29,6 +29,7 @@ from hub_export.hub import target_repo
 from hub_export.pull import list_variants
 from hub_export.redact import Redactor
 from hub_export.service import BackgroundJob
+from hub_export.transcribe import TranscriptionResult
 
 log = logging.getLogger("hub_export.space")
 
@@ -206,6 +207,7 @@ class Jobs:
         seed,
         token,
         image=None,
+        audio=None,
         oauth_token: gr.OAuthToken | None = None,
     ) -> Iterator[tuple[str, str]]:
         """Download one variant and try it as its task does (generated text, embedded lines, filled masks, an image's
@@ -234,9 +236,12 @@ class Jobs:
             raise gr.Error(message, print_exception=False) from None
 
 
-def _speed_line(result: GenerationResult | EmbedResult | FillMaskResult | ClassifyResult) -> str:
+def _speed_line(result: GenerationResult | EmbedResult | FillMaskResult | ClassifyResult | TranscriptionResult) -> str:
     if isinstance(result, FillMaskResult):
         return f"{DONE} {len(result.masks)} masks in {result.tokens} tokens · **{result.seconds * 1000:.0f} ms**"
+    if isinstance(result, TranscriptionResult):
+        return (f"{DONE} {result.audio_seconds:.1f} s of audio in {result.seconds:.2f} s · real-time factor "
+                f"**{result.real_time_factor:.3f}**")  # fmt: skip
     if isinstance(result, ClassifyResult):
         return f"{DONE} labelled in **{result.seconds * 1000:.0f} ms**"
     if isinstance(result, EmbedResult):

