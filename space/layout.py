@@ -180,7 +180,9 @@ def preview_tab() -> dict[str, Any]:
         ui["image"] = gr.Image(
             label="Image (for an image-classification repo)", type="filepath", sources=["upload"], height=180
         )
-        ui["audio"] = gr.Audio(label="Recording (for a speech-recognition repo)", type="filepath", sources=["upload"])
+        ui["audio"] = gr.Audio(
+            label="Recording (for a speech-recognition repo)", type="filepath", sources=["microphone", "upload"]
+        )
     with gr.Row(equal_height=True):
         ui["chat"] = gr.Checkbox(
             label="Use the chat template",
