@@ -338,6 +338,7 @@ def transcribe(
     audio: list[Path] = typer.Argument(..., help="Audio files (wav, flac, ogg, mp3; any rate, mixed to mono)."),
     language: str | None = typer.Option(None, help="Spoken language, e.g. fr (multilingual models; default: en)."),
     translate: bool = typer.Option(False, "--translate", help="Translate into English (multilingual models)."),
+    timestamps: bool = typer.Option(False, "--timestamps", help="Print timed segments: [start -> end] text."),
     variant: str | None = typer.Option(None, help=VARIANT_HELP),
     endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
     token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
@@ -347,8 +348,11 @@ def transcribe(
     quiet_torch()
     pte, folder = _locate_pte(target, variant, endpoint, token)
     for path in audio:
-        result = transcribe_audio(pte, folder, path, language=language, translate=translate)
-        typer.echo(result.text)
+        result = transcribe_audio(pte, folder, path, language=language, translate=translate, timestamps=timestamps)
+        for segment in result.segments:
+            typer.echo(f"[{segment.start:6.2f} -> {segment.end:6.2f}] {segment.text}")
+        if not timestamps:
+            typer.echo(result.text)
         err.print(
             f"[dim]{escape(path.name)}: {result.audio_seconds:.1f} s of audio in {result.seconds:.2f} s "
             f"(real-time factor {result.real_time_factor:.3f}, {pte.name})[/dim]"

@@ -333,11 +333,15 @@ def corpus_wer(hypotheses: list[str], references: list[str]) -> float:
 # -- transcribing ---------------------------------------------------------------------------------------
 
 
-def prompt_ids(settings: dict[str, Any], language: str | None = None, translate: bool = False) -> list[int]:
-    """The tokens a transcription starts from: start, language and task (multilingual models), no timestamps.
+def prompt_ids(
+    settings: dict[str, Any], language: str | None = None, translate: bool = False, timestamps: bool = False
+) -> list[int]:
+    """The tokens a transcription starts from: start, language and task (multilingual models), and the
+    no-timestamps token unless ``timestamps`` are asked for.
 
     Raises:
-        InputError: a language the model does not know, or a language or translation asked of an English-only model.
+        InputError: a language the model does not know, a language or translation asked of an English-only model,
+            or timestamps asked of a model without timestamp tokens.
     """
     ids = [settings["decoder_start_token_id"]]
     if settings["is_multilingual"]:
@@ -349,34 +353,98 @@ def prompt_ids(settings: dict[str, Any], language: str | None = None, translate:
     elif translate or language not in (None, "en"):
         raise InputError("this is an English-only model: it transcribes English and cannot translate; drop --language "
                          "and --translate")  # fmt: skip
-    if settings["no_timestamps_token_id"] is not None:
+    if timestamps and settings["no_timestamps_token_id"] is None:
+        raise InputError("this model has no timestamp tokens; drop --timestamps")
+    if not timestamps and settings["no_timestamps_token_id"] is not None:
         ids.append(int(settings["no_timestamps_token_id"]))
     return ids
 
 
-def greedy_tokens(encode, decode, features: torch.Tensor, prompt: list[int], settings: dict, max_seq_len: int):
-    """The tokens greedy decoding produces after ``prompt`` (EOS excluded), with Whisper's suppressed tokens.
+def _next_token(row: torch.Tensor, tokens: list[int], settings: dict, timestamps: bool) -> int:
+    """Greedy choice over ``row`` (one position's scores) under Whisper's rules.
+
+    Always: the suppressed tokens, and at the start the begin-suppressed ones. With
+    timestamps (transformers' timestamp rules, simplified): the first token is a timestamp
+    (at most 1 s in), times never go back, and a timestamp is taken whenever all timestamps
+    together are likelier than the best word.
+    """
+    row = row.float().clone()
+    row[[i for i in settings["suppress_tokens"] if i < row.numel()]] = -float("inf")
+    if not tokens:
+        row[[i for i in settings["begin_suppress_tokens"] if i < row.numel()]] = -float("inf")
+    if not timestamps:
+        return int(row.argmax())
+    first_time = int(settings["no_timestamps_token_id"]) + 1
+    if not tokens:
+        row[:first_time] = -float("inf")
+        row[first_time + 50 + 1 :] = -float("inf")
+    times = [t for t in tokens if t >= first_time]
+    if times:
+        row[first_time : times[-1]] = -float("inf")  # never back in time
+    logprobs = torch.log_softmax(row, -1)
+    if torch.logsumexp(logprobs[first_time:], 0) > logprobs[:first_time].max():
+        return first_time + int(logprobs[first_time:].argmax())
+    return int(logprobs.argmax())
+
+
+def greedy_tokens(
+    encode,
+    decode,
+    features: torch.Tensor,
+    prompt: list[int],
+    settings: dict,
+    max_seq_len: int,
+    timestamps: bool = False,
+) -> list[int]:
+    """The tokens greedy decoding produces after ``prompt`` (EOS excluded), under Whisper's rules (:func:`_next_token`).
 
     ``encode(features)`` and ``decode(ids, encoder_output, positions)`` are the file's
     methods or the eager model's: both are run through this one loop.
     """
     cross = encode(features)
     logits = decode(torch.tensor([prompt], dtype=torch.long), cross, torch.arange(len(prompt)))
-    suppress, begin = settings["suppress_tokens"], settings["begin_suppress_tokens"]
     tokens: list[int] = []
     position = len(prompt)
     while position < max_seq_len:
-        row = logits[0, -1].float().clone()
-        row[[i for i in suppress if i < row.numel()]] = -float("inf")
-        if not tokens:
-            row[[i for i in begin if i < row.numel()]] = -float("inf")
-        token = int(row.argmax())
+        token = _next_token(logits[0, -1], tokens, settings, timestamps)
         if token == settings["eos_token_id"]:
             break
         tokens.append(token)
         logits = decode(torch.tensor([[token]], dtype=torch.long), cross, torch.tensor([position]))
         position += 1
     return tokens
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of speech and its text, times in seconds from the start of the audio."""
+
+    start: float
+    end: float
+    text: str
+
+
+def segments(tokens: list[int], settings: dict, decode_text, offset: float = 0.0) -> list[Segment]:
+    """The timed segments of a transcript with timestamp tokens (each 0.02 s), ``offset`` seconds into the audio."""
+    first_time = int(settings["no_timestamps_token_id"]) + 1
+    found, start, words = [], None, []
+    for token in tokens:
+        if token < first_time:
+            words.append(token)
+            continue
+        time = offset + (token - first_time) * 0.02
+        if start is None:
+            start = time
+        elif words:
+            found.append(Segment(round(start, 2), round(time, 2), decode_text(words)))
+            start, words = None, []
+        else:
+            start = time
+    if words:  # the window ended mid-segment
+        found.append(
+            Segment(round(start if start is not None else offset, 2), round(offset + 30.0, 2), decode_text(words))
+        )
+    return found
 
 
 class SpeechFile:

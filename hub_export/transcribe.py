@@ -13,10 +13,14 @@ Example:
 from __future__ import annotations
 
 import time
-from dataclasses import dataclass
+from dataclasses import dataclass, field
 from pathlib import Path
+from typing import TYPE_CHECKING
 
 from .errors import InputError
+
+if TYPE_CHECKING:
+    from .speech import Segment
 
 
 @dataclass
@@ -27,6 +31,7 @@ class TranscriptionResult:
     windows: list[str]  # the text of each 30 s window, in order
     audio_seconds: float
     seconds: float  # running the file (all three methods), reading the audio aside
+    segments: list[Segment] = field(default_factory=list)  # with timestamps=True: timed stretches of speech
 
     @property
     def real_time_factor(self) -> float:
@@ -40,12 +45,13 @@ def transcribe(
     audio: str | Path,
     language: str | None = None,
     translate: bool = False,
+    timestamps: bool = False,
 ) -> TranscriptionResult:
     """Transcribe ``audio`` with a speech ``.pte`` (and ``config.json``, ``generation_config.json`` and
     ``tokenizer.json`` in ``folder``, the export folder).
 
     ``language`` (``"fr"``...) and ``translate`` (into English) apply to multilingual
-    models. The file runs in this process: call :func:`hub_export.prepare_pte_process`
+    models; ``timestamps`` fills :attr:`TranscriptionResult.segments`. The file runs in this process: call :func:`hub_export.prepare_pte_process`
     before torch loads.
 
     Raises:
@@ -62,6 +68,7 @@ def transcribe(
         greedy_tokens,
         prompt_ids,
         read_audio,
+        segments,
     )
 
     folder = Path(folder)
@@ -71,13 +78,19 @@ def transcribe(
     waveform = read_audio(audio)
     file = SpeechFile(pte_path)
     settings = generation_settings(folder)
-    prompt = prompt_ids(settings, language, translate)
+    prompt = prompt_ids(settings, language, translate, timestamps)
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    windows, started = [], time.perf_counter()
+
+    def text_of(tokens: list[int]) -> str:
+        return tokenizer.decode(tokens, skip_special_tokens=True).strip()
+
+    windows, timed, started = [], [], time.perf_counter()
     for start in range(0, waveform.numel(), WINDOW_SAMPLES):
         features = file.features(waveform[start : start + WINDOW_SAMPLES])
-        tokens = greedy_tokens(file.encode, file.decode, features, prompt, settings, file.max_seq_len)
-        windows.append(tokenizer.decode(tokens, skip_special_tokens=True).strip())
+        tokens = greedy_tokens(file.encode, file.decode, features, prompt, settings, file.max_seq_len, timestamps)
+        windows.append(text_of(tokens))
+        if timestamps:
+            timed += segments(tokens, settings, text_of, start / SAMPLE_RATE)
     seconds = time.perf_counter() - started
     text = " ".join(window for window in windows if window)
-    return TranscriptionResult(text, windows, waveform.numel() / SAMPLE_RATE, seconds)
+    return TranscriptionResult(text, windows, waveform.numel() / SAMPLE_RATE, seconds, timed)

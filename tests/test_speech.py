@@ -189,6 +189,10 @@ def test_the_real_whisper_exports_verified_and_transcribes_as_transformers_does(
     audio = Path(str(resources.files("hub_export").joinpath("data", "speech", "clip-2.flac")))
     code, text, err = run_cli(["transcribe", str(out), str(audio)], capsys)
     assert code == 0 and "report" in text.lower() and "real-time factor" in err
+    code, timed, _ = run_cli(["transcribe", str(out), str(audio), "--timestamps"], capsys)
+    first = timed.splitlines()[0]
+    assert code == 0 and first.startswith("[  0.00 -> ") and "report" in first.lower(), timed
+    assert 2.5 < float(first.split("->")[1].split("]")[0]) < 4.5  # the sentence ends within the 3.9 s recording
 
 
 def test_a_speech_repo_goes_through_push_ls_transcribe_and_the_preview(
@@ -218,3 +222,17 @@ def test_a_speech_repo_goes_through_push_ls_transcribe_and_the_preview(
     with pytest.raises(InputError, match="this repo transcribes speech: upload a recording"):
         preview(PreviewRequest(repo_id, None, "hello", 8, None), local_hub.alice_token, local_hub.endpoint,
                 tmp_path / "again", shown.append)  # fmt: skip
+
+
+def test_timestamp_tokens_become_timed_segments() -> None:
+    from hub_export.speech import Segment, segments
+
+    settings = {"no_timestamps_token_id": 100}
+    at = lambda seconds: 101 + round(seconds / 0.02)  # noqa: E731
+    tokens = [at(0), 5, 6, at(1.5), at(1.5), 7, at(3.0), at(3.2), 8]
+    text = lambda ids: " ".join(f"w{i}" for i in ids)  # noqa: E731
+    assert segments(tokens, settings, text, offset=30.0) == [
+        Segment(30.0, 31.5, "w5 w6"),
+        Segment(31.5, 33.0, "w7"),
+        Segment(33.2, 60.0, "w8"),  # cut by the end of the window
+    ]
