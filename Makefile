@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-extended test-real test-cluster test-all lint docs demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv bench-embeddings clean
+.PHONY: install test test-extended test-real test-cluster test-peer test-all lint docs demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv bench-embeddings clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -37,6 +37,10 @@ test-real: $(STAMP)
 # A two-node Ray cluster on this machine: batch catalogues, a killed worker, Ctrl-C, the Space on the cluster; about 5 minutes.
 test-cluster: $(STAMP)
 	$(VENV)/bin/pytest -q -m cluster --durations=10
+
+# Our files in other tools' loaders (optimum-executorch in its own virtualenv, made once: about 4 minutes).
+test-peer: $(STAMP)
+	$(VENV)/bin/pytest -q -m peer --durations=10
 
 test-all: $(STAMP)
 	$(VENV)/bin/pytest -q -m "slow or real or cluster or extended or not slow"

@@ -48,6 +48,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("MPNet", ("mpnet",), "none", "verified", "relative position bias", "feature-extraction"),
     Family("ModernBERT", ("modernbert",), "none", "verified", "global + sliding-window (local) attention layers", "feature-extraction"),
     Family("Whisper", ("whisper",), "static (decoder)", "verified", "mel front end, encoder and cached decoder as methods of one file; cross-attention K/V once per window", "automatic-speech-recognition"),
+    Family("T5 / Flan-T5", ("t5",), "static (decoder)", "verified", "relative position bias over the cache; cross-attention K/V once per input", "text2text-generation"),
     Family("BERT", ("bert",), "none", "verified", "MLM head tied to the token embeddings", "fill-mask"),
     Family("RoBERTa / XLM-R", ("roberta", "xlm-roberta"), "none", "verified", "<mask> token", "fill-mask"),
     Family("DistilBERT", ("distilbert",), "none", "verified", "", "fill-mask"),
@@ -71,6 +72,7 @@ _WHAT = {
     "feature-extraction": "sentence-embedding encoder",
     "fill-mask": "masked language model",
     "automatic-speech-recognition": "speech recognition model",
+    "text2text-generation": "text-to-text (encoder-decoder) model",
     "image-classification": "image classifier",
 }
 

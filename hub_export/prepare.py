@@ -120,9 +120,12 @@ def _source_record(src: source_stage.Source, model, task: tasks.Task) -> dict:
 
 def _check_task_options(options: ExportOptions, task: tasks.Task, config: dict, source: str) -> None:
     """Refuse options that do not apply to ``task`` or to this checkpoint."""
-    if options.qmode_encoder is not None and task is not tasks.AUTOMATIC_SPEECH_RECOGNITION:
+    if options.qmode_encoder is not None and task not in (
+        tasks.AUTOMATIC_SPEECH_RECOGNITION,
+        tasks.TEXT2TEXT_GENERATION,
+    ):
         raise InputError(
-            f"{opt('qmode_encoder')} applies to speech models (an audio encoder and a text decoder), not "
+            f"{opt('qmode_encoder')} applies to encoder-decoder models (speech, text-to-text), not "
             f"{task.name}; drop it",
             param="qmode_encoder",
         )
@@ -171,6 +174,7 @@ _REFERENCE_WORDS = {
     "fill-mask": lambda options: "a masked word in each of 64 sentences of evaluation text",
     "image-classification": lambda options: "32 drawn images",
     "automatic-speech-recognition": lambda options: "transcripts of the shipped recordings",
+    "text2text-generation": lambda options: "answers to 16 prompts of evaluation text",
 }
 
 

@@ -384,7 +384,7 @@ def publish_and_read_back(
 
 def preview(
     request: PreviewRequest, token: str | None, endpoint: str, folder: Path, emit: Emit
-) -> GenerationResult | EmbedResult | FillMaskResult | ClassifyResult | TranscriptionResult:
+) -> GenerationResult | EmbedResult | FillMaskResult | ClassifyResult | TranscriptionResult | str:
     """Pull the variant into ``folder`` and try it as its task does: emits ("stage", line) and ("text", piece).
 
     A text-generation file streams its answer to the prompt; a sentence-embedding file
@@ -443,6 +443,16 @@ def _preview_transcribe(request: PreviewRequest, files: Path, pte: str, emit: Em
     return result
 
 
+def _preview_text2text(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> str:
+    """Show the file's greedy answer to the prompt."""
+    from .text2text import generate_text  # torch and ExecuTorch: loaded when a file is run
+
+    emit(("stage", f"answering with {pte}"))
+    answer = generate_text(files / pte, files, request.prompt, max_new_tokens=request.max_new_tokens)
+    emit(("text", answer))
+    return answer
+
+
 def _preview_text(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> GenerationResult:
     """Stream the file's answer to the prompt."""
     emit(("stage", f"generating with {pte}"))
@@ -470,6 +480,7 @@ _PREVIEWS = {
     "fill-mask": _preview_fill_mask,
     "image-classification": _preview_classify,
     "automatic-speech-recognition": _preview_transcribe,
+    "text2text-generation": _preview_text2text,
 }
 
 

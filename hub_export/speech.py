@@ -54,7 +54,7 @@ MAX_FEATURE_DIFF = 0.02  # log-mel features lie in about [-1, 1.5]; ExecuTorch's
 # -- the modules the file's methods are ------------------------------------------------------------
 
 
-def _load_custom_ops() -> None:
+def load_custom_ops() -> None:
     # Registers llama::update_cache / llama::custom_sdpa with torch, eager kernels included.
     import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
 
@@ -85,7 +85,7 @@ class CachedDecoder(nn.Module):
 
     def __init__(self, model: nn.Module, max_seq_len: int):
         super().__init__()
-        _load_custom_ops()
+        load_custom_ops()
         config = model.config
         self.decoder, self.proj_out = model.model.decoder, model.proj_out
         self.heads = config.decoder_attention_heads

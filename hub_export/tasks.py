@@ -96,6 +96,19 @@ AUTOMATIC_SPEECH_RECOGNITION = Task(
     quality_legend="word error rate on the shipped recordings against the spoken sentences (in brackets, the fp32 "
     "model's), and against the fp32 model's own transcript",
 )
+TEXT2TEXT_GENERATION = Task(
+    name="text2text-generation",
+    takes="encoder: token ids [1, n]; text_decoder: token ids [1, m], the encoder's output and cache positions [m]",
+    returns="every decoder layer's cross-attention keys and values; token scores [1, m, vocab]",
+    qmodes=("fp32", "8da4w", "8da8w", "4w", "8w"),
+    auto_class="AutoModelForSeq2SeqLM",
+    quality="how often greedy answers to 16 prompts are fp32 eager's, word for word",
+    card_template="model_card_text2text.md.j2",
+    module="text2text",
+    summary_format="KL {mean_kl_vs_eager:.2g}, top-1 {top1_vs_eager:.0%} vs eager (teacher forcing)",
+    quality_format="same answer as fp32 for {same_answer_as_fp32:.0%} of prompts",
+    quality_legend="greedy answers to 16 prompts of the evaluation text, word for word the fp32 model's",
+)
 FILL_MASK = Task(
     name="fill-mask",
     takes="token ids and attention mask [1, seq] with mask tokens, seq up to the file's get_max_seq_len",
@@ -129,7 +142,14 @@ IMAGE_CLASSIFICATION = Task(
 
 TASKS: dict[str, Task] = {
     task.name: task
-    for task in (TEXT_GENERATION, FEATURE_EXTRACTION, AUTOMATIC_SPEECH_RECOGNITION, FILL_MASK, IMAGE_CLASSIFICATION)
+    for task in (
+        TEXT_GENERATION,
+        FEATURE_EXTRACTION,
+        AUTOMATIC_SPEECH_RECOGNITION,
+        TEXT2TEXT_GENERATION,
+        FILL_MASK,
+        IMAGE_CLASSIFICATION,
+    )
 }
 _HEADS = {"ForMaskedLM": FILL_MASK, "ForImageClassification": IMAGE_CLASSIFICATION}
 
@@ -160,6 +180,8 @@ def task_for(config: dict, requested: str | None = None) -> Task:
         return TEXT_GENERATION  # a decoder family, whatever head its config names
     if config.get("model_type") in SUPPORTED_MODEL_TYPES["automatic-speech-recognition"]:
         return AUTOMATIC_SPEECH_RECOGNITION
+    if config.get("model_type") in SUPPORTED_MODEL_TYPES["text2text-generation"]:
+        return TEXT2TEXT_GENERATION
     for architecture in architectures:
         if architecture.endswith("ForCausalLM") or architecture.endswith("LMHeadModel"):
             return TEXT_GENERATION

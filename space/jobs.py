@@ -236,7 +236,11 @@ class Jobs:
             raise gr.Error(message, print_exception=False) from None
 
 
-def _speed_line(result: GenerationResult | EmbedResult | FillMaskResult | ClassifyResult | TranscriptionResult) -> str:
+def _speed_line(
+    result: GenerationResult | EmbedResult | FillMaskResult | ClassifyResult | TranscriptionResult | str,
+) -> str:
+    if isinstance(result, str):  # a text-to-text answer
+        return f"{DONE} answered"
     if isinstance(result, FillMaskResult):
         return f"{DONE} {len(result.masks)} masks in {result.tokens} tokens · **{result.seconds * 1000:.0f} ms**"
     if isinstance(result, TranscriptionResult):

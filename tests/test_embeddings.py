@@ -57,7 +57,8 @@ def test_a_task_not_exported_yet_is_refused_by_name() -> None:
         task_for({"architectures": ["BertForSequenceClassification"], "model_type": "bert"})
     assert str(refused.value) == (
         "BertForSequenceClassification is a text-classification model, which hub-export does not export yet; "
-        "supported tasks: text-generation, feature-extraction, fill-mask, image-classification (see `hub-export archs`)"
+        "supported tasks: text-generation, feature-extraction, automatic-speech-recognition, text2text-generation, "
+        "fill-mask, image-classification (see `hub-export archs`)"
     )
 
 
