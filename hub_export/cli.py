@@ -184,6 +184,14 @@ def _resolve_pte(target: Path, variant: str | None) -> tuple[Path, Path]:
     raise InputError(f"{target} is not a .pte file or an export folder")
 
 
+def _task_of_folder(folder: Path) -> str | None:
+    """The task the manifest in ``folder`` records, if there is one to read."""
+    try:
+        return task_of(Manifest.read(folder)).name
+    except (OSError, ValueError):
+        return None
+
+
 def _locate_pte(target: str, variant: str | None, endpoint: str | None, token: str | None) -> tuple[Path, Path]:
     """(pte file, tokenizer folder) for a .pte, an export folder, or a Hub repo (pulled first)."""
     path = Path(target)
@@ -224,6 +232,13 @@ def generate(
     prepare_pte_process()
     quiet_torch()
     pte, tokenizer_dir = _locate_pte(target, variant, endpoint, token)
+    if _task_of_folder(Path(tokenizer_dir)) == "text2text-generation":
+        from .text2text import generate_text  # torch and ExecuTorch: loaded when a file is run
+
+        started = time.perf_counter()
+        typer.echo(generate_text(pte, tokenizer or tokenizer_dir, prompt, max_new_tokens=max_new_tokens))
+        err.print(f"[dim]greedy answer in {time.perf_counter() - started:.2f} s ({pte.name})[/dim]")
+        return
     result = run_generate(
         pte,
         tokenizer or tokenizer_dir,

@@ -107,3 +107,15 @@ def test_the_text2text_card_and_preview(exported_t5, local_hub, tmp_path) -> Non
     request = PreviewRequest(repo_id, "8da8w", "summarize: the river runs through the old town", 8, None)
     result = preview(request, local_hub.alice_token, local_hub.endpoint, tmp_path, shown.append)
     assert "".join(value for kind, value in shown if kind == "text") == result
+
+
+def test_generate_answers_with_a_t5_file(exported_t5, capsys) -> None:
+    from helpers import run_cli
+
+    from hub_export.text2text import generate_text
+
+    prompt = "summarize: the old town sits by the river"
+    code, out, err = run_cli(["generate", str(exported_t5), "--variant", "8da8w", "--prompt", prompt,
+                              "--max-new-tokens", "10"], capsys)  # fmt: skip
+    assert code == 0 and "greedy answer in" in err
+    assert out.strip() == generate_text(exported_t5 / "model-8da8w.pte", exported_t5, prompt, max_new_tokens=10)
