@@ -250,12 +250,21 @@ def test_the_space_hands_its_export_to_the_cluster_and_still_streams_its_log(
     engine.close()
 
 
-def test_a_sentence_encoder_exports_on_the_cluster_as_on_this_machine(ray_cluster, tmp_path):
-    from hub_export.demo import build_tiny_encoder
+@pytest.mark.parametrize(
+    ("builder", "task", "figure"),
+    [
+        ("build_tiny_encoder", "feature-extraction", "sentences"),
+        ("build_tiny_whisper", "automatic-speech-recognition", "clips"),
+        ("build_tiny_t5", "text2text-generation", "prompts"),
+    ],
+)
+def test_an_encoder_task_exports_on_the_cluster_as_on_this_machine(ray_cluster, tmp_path, builder, task, figure):
+    """Sentence embeddings, speech and text-to-text variants (their references travel to the cluster's tasks)."""
+    from hub_export import demo
     from hub_export.export import export
     from hub_export.manifest import Manifest
 
-    source = build_tiny_encoder(tmp_path / "tiny-bert")
+    source = getattr(demo, builder)(tmp_path / "tiny")
     local = export(str(source), tmp_path / "local", qmodes=["8da8w"], jobs=1)
     env = {**os.environ, "COLUMNS": "300", "RAY_USAGE_STATS_ENABLED": "0"}
     command = [str(HUB_EXPORT), "export", str(source), "-o", str(tmp_path / "ray"), "-q", "8da8w",
@@ -263,6 +272,9 @@ def test_a_sentence_encoder_exports_on_the_cluster_as_on_this_machine(ray_cluste
     done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
     assert done.returncode == 0, done.stderr[-2000:]
     remote = Manifest.read(tmp_path / "ray")
-    assert remote.source["task"] == "feature-extraction"
+    assert remote.source["task"] == task
     assert [v.sha256 for v in remote.variants] == [v.sha256 for v in local.variants]  # the same bytes
-    assert remote.variants[0].verification.verified and remote.variants[0].verification.figures["sentences"] == 64
+    figures = remote.variants[0].verification.figures
+    assert (
+        remote.variants[0].verification.verified and figures[figure] == local.variants[0].verification.figures[figure]
+    )
