@@ -374,6 +374,51 @@ def transcribe(
         )
 
 
+@app.command("inspect", epilog="Example:\n\n  hub-export inspect out/ --variant 8da4w")
+def inspect_command(
+    target: str = typer.Argument(..., help="A .pte file, an export folder, or a Hub repo made by hub-export."),
+    variant: str | None = typer.Option(None, help=VARIANT_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print everything as one JSON object."),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+):
+    """Show what is inside a .pte without running it: methods, inputs, XNNPACK partitions, operators outside them,
+    metadata, size by part, and the manifest's verification."""
+    import dataclasses
+
+    from .inspection import inspect_pte
+
+    quiet_torch()
+    pte, folder = _locate_pte(target, variant, endpoint, token)
+    summary = inspect_pte(pte)
+    checked = _manifest_line(Path(folder), pte.name)
+    if as_json:
+        typer.echo(json.dumps({**dataclasses.asdict(summary), "verification": checked}, default=str))
+        return
+    out.print(f"[bold]{escape(summary.file)}[/bold]  {human_size(summary.size_bytes)}  " + ", ".join(
+        f"{part} {human_size(size)}" for part, size in summary.size_by_part.items()))  # fmt: skip
+    table = Table(title="methods")
+    for column in ("method", "inputs", "XNNPACK partitions", "operators outside XNNPACK (calls)"):
+        table.add_column(column)
+    for method in summary.methods:
+        outside = ", ".join(f"{name.split('::')[-1]} {count}" for name, count in list(method.outside.items())[:8])
+        table.add_row(method.name, escape(", ".join(method.inputs)), str(method.partitions), escape(outside or "-"))
+    out.print(table)
+    out.print("metadata: " + escape(", ".join(f"{name}={value}" for name, value in sorted(summary.metadata.items()))))
+    if checked:
+        out.print(escape(f"manifest: {checked}"))
+
+
+def _manifest_line(folder: Path, file: str) -> str | None:
+    """The manifest's verification line for ``file``, when the folder has a manifest that lists it."""
+    try:
+        manifest = Manifest.read(folder)
+    except (OSError, ValueError):
+        return None
+    chosen = next((v for v in manifest.variants if v.file == file), None)
+    return chosen.verification.line() if chosen else None
+
+
 @app.command()
 def archs(markdown: bool = typer.Option(False, help="Print the Markdown table used in the README.")):
     """Show the supported model families."""

@@ -159,6 +159,28 @@ RAY_ATTEMPTS = Patch(
 )
 
 
+PROGRAM_READER = Patch(
+    "reading a .pte's program",
+    "executorch",
+    ("1.5.",),
+    "executorch.exir._serialize._program.deserialize_pte_binary (the runtime's Python binding loads methods but "
+    "does not list a program's delegates, operators or segments)",
+    "hub-export inspect shows methods, inputs and metadata but not partitions, operators outside XNNPACK or sizes by part",
+)
+
+
+def read_program(data: bytes):
+    """(the ``executorch.exir.schema.Program`` of ``.pte`` bytes, the bytes of each named data buffer: XNNPACK's
+    weights), or None where this ExecuTorch is not the one the reader was written for. Raises what the deserializer
+    raises on malformed bytes."""
+    if not PROGRAM_READER.applies():
+        return None
+    from executorch.exir._serialize._program import deserialize_pte_binary
+
+    pte = deserialize_pte_binary(data)
+    return pte.program, [len(buffer) for buffer in (pte.named_data.buffers if pte.named_data else [])]
+
+
 def ray_task_attempt() -> int | None:
     """Which run of the current Ray task this is (0 the first), or None where this Ray does not say."""
     if not RAY_ATTEMPTS.applies():

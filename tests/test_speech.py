@@ -236,3 +236,29 @@ def test_timestamp_tokens_become_timed_segments() -> None:
         Segment(31.5, 33.0, "w7"),
         Segment(33.2, 60.0, "w8"),  # cut by the end of the window
     ]
+
+
+def test_inspect_shows_methods_partitions_and_what_runs_outside_xnnpack(exported_whisper, tmp_path, capsys) -> None:
+    import json
+
+    from hub_export.inspection import inspect_pte
+
+    summary = inspect_pte(exported_whisper / "model-8da8w-emb8w.pte")
+    methods = {method.name: method for method in summary.methods}
+    assert set(methods) == {"preprocessor", "encoder", "text_decoder"}
+    assert methods["encoder"].inputs == ["float32[1, 80, 3000]"] and methods["text_decoder"].inputs[0] == "int64[1, 64]"
+    assert all(method.partitions > 0 for method in summary.methods)
+    assert methods["text_decoder"].outside["llama::update_cache"] == 4  # k and v of 2 layers, outside XNNPACK
+    assert (
+        sum(summary.size_by_part.values())
+        == summary.size_bytes
+        == (exported_whisper / "model-8da8w-emb8w.pte").stat().st_size
+    )
+    assert summary.metadata["decoder_start_token_id"] == 50257
+    code, out, _ = run_cli(["inspect", str(exported_whisper), "--variant", "8da8w", "--json"], capsys)
+    shown = json.loads(out)
+    assert code == 0 and shown["verification"].startswith("verified KL") and len(shown["methods"]) == 3
+    junk = tmp_path / "model.pte"
+    junk.write_bytes(b"not a program" * 100)
+    code, _, err = run_cli(["inspect", str(junk)], capsys)
+    assert code == 2 and "model.pte is not an ExecuTorch program" in error_line(err)
