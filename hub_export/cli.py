@@ -386,7 +386,7 @@ def inspect_command(
     metadata, size by part, and the manifest's verification."""
     import dataclasses
 
-    from .inspection import inspect_pte
+    from .inspection import inspect_pte  # ExecuTorch: loaded when a file is inspected
 
     quiet_torch()
     pte, folder = _locate_pte(target, variant, endpoint, token)
