@@ -230,8 +230,13 @@ def map_large_allocations(threshold: int = 1 << 20) -> None:
 
 
 LLAMA_STYLE_RMSNORMS = frozenset(
-    f"{prefix}RMSNorm"
-    for prefix in ("Llama", "Qwen2", "Qwen3", "Mistral", "Phi3", "SmolLM3", "Olmo2", "Granite", "Starcoder2")
+    [
+        *(
+            f"{prefix}RMSNorm"
+            for prefix in ("Llama", "Qwen2", "Qwen3", "Mistral", "Phi3", "SmolLM3", "Olmo2", "Granite", "Starcoder2")
+        ),
+        "T5LayerNorm",  # T5's norm is an RMSNorm by another name (no mean, no bias)
+    ]
 )
 
 

@@ -30,6 +30,7 @@ from .embeddings import eval_sentences
 from .encoders import label_figures
 from .errors import InputError, VerificationError, first_line
 from .manifest import Verification
+from .patches import delegable_norms
 from .quantize import QMode
 from .speech import load_custom_ops
 
@@ -135,7 +136,7 @@ def export(wrapped: Text2TextModel, max_seq_len: int) -> dict[str, torch.export.
     source = torch.export.Dim("source", min=2, max=DEFAULT_SOURCE_LEN)
     tokens = torch.export.Dim("tokens", min=1, max=max_seq_len)
     example = torch.ones(1, 8, dtype=torch.long)
-    with torch.no_grad():
+    with torch.no_grad(), delegable_norms(wrapped):
         cross = wrapped.encoder(example)
         programs = {
             "encoder": torch.export.export(wrapped.encoder, (example,), dynamic_shapes=({1: source},), strict=False),

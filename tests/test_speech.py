@@ -262,3 +262,17 @@ def test_inspect_shows_methods_partitions_and_what_runs_outside_xnnpack(exported
     junk.write_bytes(b"not a program" * 100)
     code, _, err = run_cli(["inspect", str(junk)], capsys)
     assert code == 2 and "model.pte is not an ExecuTorch program" in error_line(err)
+
+
+def test_layer_norms_in_the_delegable_shape_compute_the_same() -> None:
+    from hub_export.speech import delegable_layer_norms
+
+    norm = torch.nn.LayerNorm(48, eps=1e-5)
+    torch.nn.init.normal_(norm.weight)
+    torch.nn.init.normal_(norm.bias)
+    x = torch.randn(1, 7, 48) * 3 + 1
+    expected = norm(x)
+    with delegable_layer_norms(torch.nn.Sequential(norm)) as patched:
+        actual = norm(x)
+    assert patched == 1 and torch.allclose(actual, expected, atol=1e-5)
+    assert torch.equal(norm(x), expected)  # the eager module is itself again
