@@ -374,6 +374,44 @@ def transcribe(
         )
 
 
+@app.command(
+    epilog="Example:\n\n  hub-export bench out/ --variant 8da4w --prompt-tokens 128 --gen-tokens 128 --repeat 5"
+)
+def bench(
+    target: str = typer.Argument(
+        ..., help="A text-generation .pte, its export folder, or a Hub repo made by hub-export."
+    ),
+    prompt_tokens: int = typer.Option(128, "--prompt-tokens", min=1, help="Tokens of the prompt (prefill)."),
+    gen_tokens: int = typer.Option(128, "--gen-tokens", min=1, help="Tokens generated after it (end of text ignored)."),
+    threads: int | None = typer.Option(None, "--threads", min=1, help="Threads (default: the performance cores)."),
+    repeat: int = typer.Option(3, "--repeat", min=1, max=50, help="Runs, each in a fresh process."),
+    variant: str | None = typer.Option(None, help=VARIANT_HELP),
+    as_json: bool = typer.Option(False, "--json", help="Print every run's figures as JSON."),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+):
+    """Measure prefill and decode tokens/s and peak memory of a .pte: median and range over fresh processes."""
+    import dataclasses
+
+    from .bench import bench as run_bench  # the ExecuTorch runtime: loaded when a file is run
+
+    pte, _ = _locate_pte(target, variant, endpoint, token)
+    result = run_bench(pte, prompt_tokens, gen_tokens, threads, repeat)
+    if as_json:
+        typer.echo(json.dumps(dataclasses.asdict(result)))
+        return
+    threads_used = result.runs[0].get("threads") or "default"
+    table = Table(title=escape(f"{pte.name}: {prompt_tokens} prompt + {gen_tokens} generated tokens, {threads_used} "
+                                f"threads, {repeat} runs"))  # fmt: skip
+    for column in ("", "median", "min", "max"):
+        table.add_column(column, justify="right")
+    for name, label, scale in (("prefill_tokens_per_s", "prefill tok/s", 1), ("decode_tokens_per_s", "decode tok/s", 1),
+                               ("peak_rss_bytes", "peak RSS MB", 1e6)):  # fmt: skip
+        low, high = result.spread(name)
+        table.add_row(label, f"{result.median(name) / scale:.1f}", f"{low / scale:.1f}", f"{high / scale:.1f}")
+    out.print(table)
+
+
 @app.command("inspect", epilog="Example:\n\n  hub-export inspect out/ --variant 8da4w")
 def inspect_command(
     target: str = typer.Argument(..., help="A .pte file, an export folder, or a Hub repo made by hub-export."),

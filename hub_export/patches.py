@@ -181,6 +181,28 @@ def read_program(data: bytes):
     return pte.program, [len(buffer) for buffer in (pte.named_data.buffers if pte.named_data else [])]
 
 
+XNNPACK_THREADS = Patch(
+    "XNNPACK thread count",
+    "executorch",
+    ("1.5.",),
+    "executorch.extension.pybindings.portable_lib._unsafe_reset_threadpool and _threadpool_get_thread_count (the "
+    "Python binding has no public way to size the threadpool XNNPACK's kernels run on)",
+    "hub-export bench --threads is ignored: the file runs on as many threads as the machine has performance cores",
+)
+
+
+def set_threads(threads: int | None) -> int | None:
+    """Size the threadpool the ``.pte`` files of this process run on (None: leave it); returns the size in use, or
+    None where this ExecuTorch cannot say."""
+    if not XNNPACK_THREADS.applies():
+        return None
+    from executorch.extension.pybindings import portable_lib
+
+    if threads is not None:
+        portable_lib._unsafe_reset_threadpool(int(threads))
+    return int(portable_lib._threadpool_get_thread_count())
+
+
 def ray_task_attempt() -> int | None:
     """Which run of the current Ray task this is (0 the first), or None where this Ray does not say."""
     if not RAY_ATTEMPTS.applies():
