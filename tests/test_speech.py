@@ -276,3 +276,36 @@ def test_layer_norms_in_the_delegable_shape_compute_the_same() -> None:
         actual = norm(x)
     assert patched == 1 and torch.allclose(actual, expected, atol=1e-5)
     assert torch.equal(norm(x), expected)  # the eager module is itself again
+
+
+def test_multilingual_prompts_name_language_and_task() -> None:
+    from hub_export.speech import prompt_ids
+
+    settings = {
+        "decoder_start_token_id": 50258, "eos_token_id": 50257, "no_timestamps_token_id": 50363,
+        "is_multilingual": True, "lang_to_id": {"<|en|>": 50259, "<|fr|>": 50265},
+        "task_to_id": {"transcribe": 50359, "translate": 50358}, "suppress_tokens": [], "begin_suppress_tokens": [],
+    }  # fmt: skip
+    assert prompt_ids(settings) == [50258, 50259, 50359, 50363]
+    assert prompt_ids(settings, "fr", translate=True) == [50258, 50265, 50358, 50363]
+    assert prompt_ids(settings, "fr", timestamps=True) == [50258, 50265, 50359]
+    with pytest.raises(InputError, match="does not know the language 'xx'; it knows en, fr"):
+        prompt_ids(settings, "xx")
+
+
+@pytest.mark.parametrize("suffix", ["flac", "ogg", "mp3"])
+def test_audio_files_of_each_format_read_as_16_khz_mono(spoken, tmp_path, suffix) -> None:
+    import soundfile
+
+    from hub_export.speech import read_audio
+
+    audio, rate = soundfile.read(spoken, dtype="float32")
+    other = tmp_path / f"speech.{suffix}"
+    soundfile.write(other, audio, rate)
+    reference, converted = read_audio(spoken), read_audio(other)
+    assert abs(converted.numel() - reference.numel()) < 2000  # mp3 pads its frames
+    n = min(converted.numel(), reference.numel(), 16000)
+    if suffix == "flac":  # lossless: the same samples, resampled the same way
+        assert torch.allclose(converted[:n], reference[:n], atol=1e-3)
+    else:  # lossy codecs: the same sound
+        assert converted.abs().max() > 0.05 and abs(converted.pow(2).mean() / reference.pow(2).mean() - 1) < 0.2
