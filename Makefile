@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-extended test-real test-cluster test-peer test-all lint docs demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv bench-embeddings clean
+.PHONY: install test test-extended test-real test-cluster test-peer test-all lint docs demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv bench-embeddings bench-llamacpp clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -89,6 +89,10 @@ bench-cluster: $(STAMP)
 # Sentence embeddings: the real all-MiniLM-L6-v2 exported, then texts/s of each .pte against eager at 32 and 128 tokens.
 bench-embeddings: $(STAMP)
 	$(PY) -m benchmarks.embeddings
+
+# hub-export's file against llama.cpp (xllamacpp, its own venv) on the very GGUF it was exported from; about 10 minutes.
+bench-llamacpp: $(STAMP)
+	$(PY) -m benchmarks.llamacpp
 
 # KV cache layouts (fp32/int8, ring/full): memory, decode speed at 256 and 2048 tokens, exactness past the window.
 bench-kv: $(STAMP)
