@@ -125,6 +125,21 @@ def _tag_weights_external(tag: str):
     return tag_weights
 
 
+def backend_config(tag: str | None = None):
+    """How every ``.pte`` is serialized: delegate blobs in segments, inputs not copied into planned memory
+    (``alloc_graph_input=False``), quantized-weight patterns folded; with ``tag``, every weight into that data file.
+    """
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+
+    return ExecutorchBackendConfig(
+        extract_delegate_segments=True,
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+        do_quant_fusion_and_const_prop=True,
+        external_constants=(lambda node: tag) if tag else False,
+    )
+
+
 def to_pte(
     program: torch.export.ExportedProgram,
     metadata: dict[str, Any],
@@ -147,8 +162,7 @@ def to_pte(
     if data_path is not None and data_path.parent != path.parent:
         raise ValueError("the data file must sit next to the .pte")
     tag = data_path.stem if data_path is not None else None
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir import to_edge_transform_and_lower
 
     if isinstance(program, dict):  # several methods (a speech file): lowered together, the stock way
         return _methods_to_pte(program, metadata, path, on_partition)
@@ -168,14 +182,7 @@ def to_pte(
                 compile_config=edge_compile_config(),
                 constant_methods=metadata,
             )
-        executorch_program = edge.to_executorch(
-            ExecutorchBackendConfig(
-                extract_delegate_segments=True,
-                memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
-                do_quant_fusion_and_const_prop=True,
-                external_constants=(lambda node: tag) if tag else False,
-            )
-        )
+        executorch_program = edge.to_executorch(backend_config(tag))
         del edge
         with open(path, "wb") as handle:
             executorch_program.write_to_file(handle)
@@ -194,8 +201,7 @@ def _methods_to_pte(
     on_partition: Callable[[], None] | None = None,
 ) -> int:
     """Lower one program per method into one ``.pte`` at ``path``; returns its size."""
-    from executorch.exir import ExecutorchBackendConfig, to_edge_transform_and_lower
-    from executorch.exir.passes import MemoryPlanningPass
+    from executorch.exir import to_edge_transform_and_lower
 
     for program in programs.values():
         inferred_reshapes(program)
@@ -207,13 +213,7 @@ def _methods_to_pte(
             compile_config=edge_compile_config(),
             constant_methods=metadata,
         )
-    executorch_program = edge.to_executorch(
-        ExecutorchBackendConfig(
-            extract_delegate_segments=True,
-            memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
-            do_quant_fusion_and_const_prop=True,
-        )
-    )
+    executorch_program = edge.to_executorch(backend_config())
     del edge
     with open(path, "wb") as handle:
         executorch_program.write_to_file(handle)
