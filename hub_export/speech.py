@@ -474,26 +474,36 @@ def segments(tokens: list[int], settings: dict, decode_text, offset: float = 0.0
     return found
 
 
-class SpeechFile:
-    """A speech ``.pte``'s three methods, ready to transcribe (see :mod:`hub_export.transcribe`)."""
+class EncoderDecoderFile:
+    """A ``.pte`` with ``encoder`` and ``text_decoder`` methods (speech, text-to-text), ready to run them."""
+
+    methods: tuple[str, ...] = ("encoder", "text_decoder")
+    kind = "sequence-to-sequence"
 
     def __init__(self, pte_path: str | Path):
         from .runtime import PteModel  # the ExecuTorch runtime: loaded when a file is run
 
         self.model = PteModel(pte_path)
-        missing = [name for name in METHODS if name not in self.model.methods]
+        missing = [name for name in self.methods if name not in self.model.methods]
         if missing:
-            raise InputError(f"{Path(pte_path).name} is not a speech file (it has no {', '.join(missing)} method)")
+            raise InputError(f"{Path(pte_path).name} is not a {self.kind} file (it has no {', '.join(missing)} method)")
         self.max_seq_len = int(self.model.metadata["get_max_seq_len"])
 
-    def features(self, waveform: torch.Tensor) -> torch.Tensor:
-        return self.model.run([waveform.float().contiguous()], "preprocessor")
-
-    def encode(self, features: torch.Tensor) -> torch.Tensor:
-        return self.model.run([features], "encoder")
+    def encode(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.model.run([inputs], "encoder")
 
     def decode(self, ids: torch.Tensor, encoder_output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
         return self.model.run([ids, encoder_output, positions], "text_decoder")
+
+
+class SpeechFile(EncoderDecoderFile):
+    """A speech ``.pte``'s three methods, ready to transcribe (see :mod:`hub_export.transcribe`)."""
+
+    methods = METHODS
+    kind = "speech"
+
+    def features(self, waveform: torch.Tensor) -> torch.Tensor:
+        return self.model.run([waveform.float().contiguous()], "preprocessor")
 
 
 # -- reference and verification -----------------------------------------------------------------------

@@ -32,7 +32,7 @@ from .errors import InputError, VerificationError, first_line
 from .manifest import Verification
 from .patches import delegable_norms
 from .quantize import QMode
-from .speech import load_custom_ops
+from .speech import EncoderDecoderFile, load_custom_ops
 
 EVAL_PROMPTS = 16
 NEW_TOKENS = 24  # generated per prompt in verification
@@ -254,26 +254,18 @@ def verify_variant(
     qembedding: str | None,
 ) -> Verification:
     """Teacher-forced scores against quantized eager (pass/fail), greedy answers against fp32's (quality)."""
-    from .runtime import PteModel  # the ExecuTorch runtime: loaded when a file is run
     from .verify import MAX_MEAN_KL, MIN_TOP1, TIE_NATS  # the text decoder's bounds, one definition
 
     kind = mode.tolerance
     limits = {"max_kl_vs_eager_allowed": MAX_MEAN_KL[kind], "min_top1_vs_eager_required": MIN_TOP1[kind]}
     try:
-        model = PteModel(pte_path)
-
-        def encode(ids):
-            return model.run([ids], "encoder")
-
-        def decode(ids, cross, positions):
-            return model.run([ids, cross, positions], "text_decoder")
-
+        file = EncoderDecoderFile(pte_path)
         rows, answers = [], []
         for index, ids in enumerate(reference.inputs):
-            teacher, cross = _teacher_ids(reference, index), encode(ids)
-            rows.append(decode(teacher, cross, torch.arange(teacher.shape[1]))[0])
-            answers.append(greedy(encode, decode, ids, reference.settings, NEW_TOKENS, reference.max_seq_len))
-    except VerificationError as error:
+            teacher, cross = _teacher_ids(reference, index), file.encode(ids)
+            rows.append(file.decode(teacher, cross, torch.arange(teacher.shape[1]))[0])
+            answers.append(greedy(file.encode, file.decode, ids, reference.settings, NEW_TOKENS, reference.max_seq_len))
+    except (VerificationError, InputError) as error:
         return Verification(False, failure=f"runtime error: {first_line(error)[:200]}", figures=limits)
     agreement = label_figures(torch.cat(rows), torch.cat(expected.scores), TIE_NATS[kind])
     same = [answer == fp32 for answer, fp32 in zip(answers, reference.outputs, strict=True)]
@@ -307,24 +299,15 @@ def generate_text(pte_path: str | Path, folder: str | Path, text: str, max_new_t
     """
     from tokenizers import Tokenizer
 
-    from .runtime import PteModel  # the ExecuTorch runtime: loaded when a file is run
-
     folder = Path(folder)
     if not (folder / "tokenizer.json").is_file():
         raise InputError(f"no tokenizer.json in {folder.name}/; pass the export folder")
-    model = PteModel(pte_path)
-    if set(model.methods) != set(METHODS) or "get_num_mel_bins" in model.metadata:
+    file = EncoderDecoderFile(pte_path)
+    if set(file.model.methods) != set(METHODS) or "get_num_mel_bins" in file.model.metadata:
         raise InputError(f"{Path(pte_path).name} is not a text-to-text file (it needs encoder and text_decoder)")
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     ids = torch.tensor([tokenizer.encode(text).ids[:DEFAULT_SOURCE_LEN]], dtype=torch.long)
-    settings = {"decoder_start_token_id": int(model.metadata["decoder_start_token_id"]),
-                "eos_token_id": int(model.metadata["get_eos_id"])}  # fmt: skip
-    answer = greedy(
-        lambda x: model.run([x], "encoder"),
-        lambda i, c, p: model.run([i, c, p], "text_decoder"),
-        ids,
-        settings,
-        max_new_tokens,
-        int(model.metadata["get_max_seq_len"]),
-    )
+    settings = {"decoder_start_token_id": int(file.model.metadata["decoder_start_token_id"]),
+                "eos_token_id": int(file.model.metadata["get_eos_id"])}  # fmt: skip
+    answer = greedy(file.encode, file.decode, ids, settings, max_new_tokens, file.max_seq_len)
     return tokenizer.decode(answer, skip_special_tokens=True).strip()
