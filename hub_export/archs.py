@@ -59,6 +59,8 @@ FAMILIES: tuple[Family, ...] = (
     Family("MobileViT", ("mobilevit",), "none", "verified", "convolutions + transformer blocks", "image-classification"),
     Family("ConvNeXt", ("convnext",), "none", "verified", "all-convolutional", "image-classification"),
     Family("EfficientNet", ("efficientnet",), "none", "verified", "depthwise convolutions, squeeze-excite", "image-classification"),
+    Family("SmolVLM / SmolVLM2 / Idefics3", ("smolvlm", "idefics3"), "static (decoder)", "verified", "SigLIP tower + pixel-shuffle connector + Llama decoder; one image tile at the tower's size (no splitting)", "image-text-to-text"),
+    Family("LLaVA", ("llava",), "static (decoder)", "verified", "CLIP tower (a chosen layer, [CLS] dropped) + MLP projector + any supported decoder", "image-text-to-text"),
 )
 # fmt: on
 
@@ -74,6 +76,7 @@ _WHAT = {
     "automatic-speech-recognition": "speech recognition model",
     "text2text-generation": "text-to-text (encoder-decoder) model",
     "image-classification": "image classifier",
+    "image-text-to-text": "vision-language model",
 }
 
 

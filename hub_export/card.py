@@ -305,6 +305,11 @@ def _label_facts(figures: Mapping[str, float]) -> dict[str, str]:
         "wer_vs_fp32": _figure(figures.get("wer_vs_fp32"), ".1%"),
         "encoder_cosine": _figure(figures.get("min_encoder_cosine"), ".4f"),
         "same_answer": _figure(figures.get("same_answer_as_fp32"), ".0%"),
+        "image_cosine": _figure(figures.get("min_feature_cosine"), ".4f"),
+        "image_kl": _figure(figures.get("image_kl_vs_fp32"), ".3f"),
+        "image_top1": _figure(figures.get("image_top1_vs_fp32"), ".0%"),
+        "perplexity_ratio": _figure(figures.get("perplexity_ratio"), ".3f"),
+        "runner": {1.0: "yes", 0.0: "no"}.get(figures.get("runner_matches"), "n/a"),
     }
 
 
@@ -442,6 +447,10 @@ def card_context(
         "embedding_dim": source.get("embedding_dim"),
         "mask_token": source.get("mask_token") if source.get("mask_token") in ("[MASK]", "<mask>") else None,
         "image_size": _image_size(source.get("image_size")),
+        "image_side": source.get("image_size") if isinstance(source.get("image_size"), int) and 0 < source.get("image_size") < 100_000 else None,
+        "prompt_before": _python_string((source.get("image_prompt") or ["", ""])[0]),
+        "prompt_after": _python_string((source.get("image_prompt") or ["", ""])[1]),
+        "max_images": source.get("max_images") if isinstance(source.get("max_images"), int) else None,
         "labels": label_names(config)[0],
         "num_labels": label_names(config)[1],
         "repo_id": repo_id,
@@ -460,6 +469,13 @@ def card_context(
         "config_known": bool(config),
         "all_verified": all(v["verified"] for v in variants),
     }
+
+
+def _python_string(value: Any) -> str:
+    """``value`` as a Python string literal that is safe inside a Markdown code block (the text comes from the
+    source repo's chat template: hostile)."""
+    text = value if isinstance(value, str) else ""
+    return json.dumps(text[:400]).replace("`", "\\u0060")
 
 
 def _image_size(value: Any) -> str | None:

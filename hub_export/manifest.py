@@ -516,6 +516,10 @@ class Quality:
         return text + (f", KL {self.kl:.2f}" if self.kl is not None else "")
 
 
+def _fields(template: str) -> int:
+    return template.count("{")
+
+
 def _figures(data: Any) -> dict[str, float] | None:
     """A task's figures from JSON: names of at most 64 characters to finite numbers; anything else dropped."""
     if not isinstance(data, dict):
@@ -639,8 +643,9 @@ class Verification:
 
     def task_words(self, which: str) -> str | None:
         """The figures of an encoder task's verification in that task's words (see ``Task.words``); None for a
-        text decoder's, which carry no figures."""
-        for task in TASKS.values():
+        text decoder's, which carry no figures. The task whose wording names the most figures is tried first: a
+        vision-language file's figures include every one a text-to-text file's wording names."""
+        for task in sorted(TASKS.values(), key=lambda t: -_fields((t.summary_format or "") + (t.quality_format or ""))):
             worded = task.words(self.figures, which)
             if worded is not None:
                 return worded

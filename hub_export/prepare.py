@@ -123,9 +123,10 @@ def _check_task_options(options: ExportOptions, task: tasks.Task, config: dict, 
     if options.qmode_encoder is not None and task not in (
         tasks.AUTOMATIC_SPEECH_RECOGNITION,
         tasks.TEXT2TEXT_GENERATION,
+        tasks.IMAGE_TEXT_TO_TEXT,
     ):
         raise InputError(
-            f"{opt('qmode_encoder')} applies to encoder-decoder models (speech, text-to-text), not "
+            f"{opt('qmode_encoder')} applies to models with an encoder (speech, text-to-text, vision-language), not "
             f"{task.name}; drop it",
             param="qmode_encoder",
         )
@@ -175,6 +176,7 @@ _REFERENCE_WORDS = {
     "image-classification": lambda options: "32 drawn images",
     "automatic-speech-recognition": lambda options: "transcripts of the shipped recordings",
     "text2text-generation": lambda options: "answers to 16 prompts of evaluation text",
+    "image-text-to-text": lambda options: "answers about 6 drawn images, and 128 tokens of evaluation text",
 }
 
 

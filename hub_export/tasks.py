@@ -140,6 +140,27 @@ IMAGE_CLASSIFICATION = Task(
     companion="preprocessor_config.json",
 )
 
+IMAGE_TEXT_TO_TEXT = Task(
+    name="image-text-to-text",
+    takes="vision_encoder: RGB bytes [1, 3, size, size]; token_embedding: token ids [1, n]; text_decoder: "
+    "embeddings [1, n, hidden] and cache positions [n] (ExecuTorch's MultimodalRunner calls them in that order)",
+    returns="image embeddings [1, image tokens, hidden]; token embeddings; next-token logits (a static KV cache "
+    "lives inside the program)",
+    qmodes=("fp32", "8da4w", "8da8w", "4w", "8w"),
+    auto_class="AutoModelForImageTextToText",
+    quality="greedy answers about drawn images against fp32 eager's (teacher-forced KL and top-1), and the "
+    "decoder's perplexity on English prose",
+    card_template="model_card_vlm.md.j2",
+    module="vision_language",
+    summary_format="KL {mean_kl_vs_eager:.2g}, top-1 {top1_vs_eager:.0%}, image cosine {min_feature_cosine:.4f} vs "
+    "eager",
+    quality_format="image-conditioned KL {image_kl_vs_fp32:.3f}, top-1 {image_top1_vs_fp32:.0%}; same answer "
+    "{same_answer_as_fp32:.0%}; text perplexity x{perplexity_ratio:.3f}",
+    quality_legend="against the fp32 model on drawn images: KL and top-1 over the prompt and a teacher-forced "
+    "answer, how often the greedy answer is word for word fp32's, and the decoder's perplexity on English prose "
+    "as a multiple of fp32's",
+)
+
 TASKS: dict[str, Task] = {
     task.name: task
     for task in (
@@ -149,6 +170,7 @@ TASKS: dict[str, Task] = {
         TEXT2TEXT_GENERATION,
         FILL_MASK,
         IMAGE_CLASSIFICATION,
+        IMAGE_TEXT_TO_TEXT,
     )
 }
 _HEADS = {"ForMaskedLM": FILL_MASK, "ForImageClassification": IMAGE_CLASSIFICATION}
@@ -157,7 +179,7 @@ _HEADS = {"ForMaskedLM": FILL_MASK, "ForImageClassification": IMAGE_CLASSIFICATI
 _OTHER_HEADS = {
     "ForSequenceClassification": "text-classification",
     "ForTokenClassification": "token-classification",
-    "ForConditionalGeneration": "text2text-generation or a multimodal task",
+    "ForConditionalGeneration": "text2text-generation or image-text-to-text",
     "ForQuestionAnswering": "question-answering",
 }
 
@@ -182,6 +204,8 @@ def task_for(config: dict, requested: str | None = None) -> Task:
         return AUTOMATIC_SPEECH_RECOGNITION
     if config.get("model_type") in SUPPORTED_MODEL_TYPES["text2text-generation"]:
         return TEXT2TEXT_GENERATION
+    if config.get("model_type") in SUPPORTED_MODEL_TYPES["image-text-to-text"]:
+        return IMAGE_TEXT_TO_TEXT
     for architecture in architectures:
         if architecture.endswith("ForCausalLM") or architecture.endswith("LMHeadModel"):
             return TEXT_GENERATION

@@ -56,6 +56,7 @@ PERPLEXITY_TOKENS = 128  # of the shipped prose, one decoder step each: the deco
 MAX_IMAGES = 8  # a prompt's images (each also needs its tokens of the cache)
 # Least cosine of the file's image embeddings to the eager model's (same quantization), by kind of file.
 MIN_FEATURE_COSINE = {"fp32": 0.9999, "weight_only": 0.999, "dynamic": 0.99}
+EXAMPLE_QUESTION = "What is in this picture?"
 EVAL_QUESTIONS = (
     "What shape is in the picture?",
     "Which colours do you see?",
@@ -268,7 +269,15 @@ def seq_len(folder: Path, config: dict, requested: int | None) -> int:
     family = family_of(config)
     from transformers import AutoConfig
 
+    from .archs import SUPPORTED_MODEL_TYPES
+
     loaded = AutoConfig.from_pretrained(folder)
+    text_type = loaded.get_text_config().model_type
+    if text_type not in SUPPORTED_MODEL_TYPES["text-generation"]:
+        raise InputError(
+            f"{loaded.model_type}'s text model is {text_type!r}, not a decoder hub-export exports; supported: "
+            f"{', '.join(sorted(SUPPORTED_MODEL_TYPES['text-generation']))} (see `hub-export archs`)"
+        )
     need = family.image_tokens(loaded) + 32
     length = requested or max(DEFAULT_SEQ_LEN, need)
     if length < need:
@@ -345,13 +354,22 @@ def metadata(model: nn.Module, folder: Path, max_seq_len: int) -> dict[str, Any]
 
 
 def source_record(model: nn.Module, folder: Path) -> dict[str, Any]:
+    """The family, the image geometry and the text around one image in a chat turn (for the card's snippet)."""
     family = family_of(model.config)
-    return {
+    record = {
         "methods": list(METHODS),
         "family": family.name,
         "image_size": family.image_size(model.config),
         "image_tokens": family.image_tokens(model.config),
+        "max_images": MAX_IMAGES,
     }
+    try:
+        segments = prompt_segments(render_chat(folder, EXAMPLE_QUESTION, 1), family, 1)
+    except InputError:
+        return record
+    if len(segments) == 3:
+        record["image_prompt"] = [segments[0], segments[2]]
+    return record
 
 
 def quantize_model(model: nn.Module, qmode: str, options) -> list[str]:
@@ -468,6 +486,9 @@ class _Steps:
 
 
 class EagerSteps(_Steps):
+    """The eager wrapper's methods (its attention runs ExecuTorch's custom ops' eager kernels, whose log lines
+    about allocators are kept off the terminal)."""
+
     def __init__(self, wrapped: VisionLanguageModel):
         self.wrapped = wrapped
 
@@ -480,7 +501,9 @@ class EagerSteps(_Steps):
             return self.wrapped.token_embedding(ids)
 
     def decode(self, embeds, positions):
-        with torch.no_grad():
+        from .runtime import quiet_native_output
+
+        with torch.no_grad(), quiet_native_output():
             return self.wrapped.text_decoder(embeds, positions)
 
 
@@ -652,14 +675,24 @@ def expected(wrapped: VisionLanguageModel, reference: VisionLanguageReference) -
 
 
 def _decode(reference: VisionLanguageReference, tokens: list[int]) -> str:
+    """``tokens`` as the runner prints them: token by token, leaving out a piece that is one byte but neither
+    printable nor a space (the runner's ``safe_printf`` skips those: control codes, and the single bytes of a
+    character split over several tokens, which our tokenizer writes as U+FFFD)."""
     from tokenizers import Tokenizer
 
-    return Tokenizer.from_str(reference.tokenizer_json).decode(tokens, skip_special_tokens=False)
+    tokenizer = Tokenizer.from_str(reference.tokenizer_json)
+    pieces = (tokenizer.decode([token], skip_special_tokens=False) for token in tokens)
+    return "".join(piece for piece in pieces if not _unprintable_byte(piece))
+
+
+def _unprintable_byte(piece: str) -> bool:
+    if "\ufffd" in piece:
+        return True
+    return len(piece) == 1 and ord(piece) < 128 and not (piece.isprintable() or piece.isspace())
 
 
 def same_text(a: str, b: str) -> bool:
-    """Whether two decodings of an answer agree, bytes that are not UTF-8 aside (the runner's tokenizer drops a
-    token that ends inside a character; ours writes U+FFFD)."""
+    """Whether the runner's answer and the file's own agree, bytes that are not UTF-8 aside."""
     return a.replace("\ufffd", "") == b.replace("\ufffd", "")
 
 
