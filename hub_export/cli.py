@@ -201,7 +201,8 @@ def _locate_pte(target: str, variant: str | None, endpoint: str | None, token: s
 
 
 @app.command(
-    epilog='Example:\n\n  hub-export generate out/ --variant 8da4w --prompt "Once upon a time" --max-new-tokens 64'
+    epilog='Examples:\n\n  hub-export generate out/ --variant 8da4w --prompt "Once upon a time" --max-new-tokens 64\n\n'
+    '  hub-export generate smolvlm-out/ --image photo.jpg --prompt "What is in this picture?"'
 )
 def generate(
     target: str = typer.Argument(..., help="A .pte file, an export folder, or a Hub repo made by hub-export."),
@@ -218,6 +219,13 @@ def generate(
         show_default=False,
     ),
     system: str | None = typer.Option(None, help="System message for the chat template."),
+    image: list[Path] | None = typer.Option(
+        None,
+        "--image",
+        "-i",
+        help="An image for a vision-language file (PNG, JPEG, WebP); repeat for several, in order before the prompt.",
+        show_default=False,
+    ),
     temperature: float = typer.Option(0.0, help="Sampling temperature; 0 is greedy (the default)."),
     top_p: float = typer.Option(
         1.0, "--top-p", help="Nucleus sampling: keep the smallest set of tokens with this mass."
@@ -247,6 +255,7 @@ def generate(
         sampling=Sampling(temperature, top_p, top_k, repetition_penalty, seed),
         chat=chat,
         system=system,
+        images=image or None,
         on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()),
     )
     sys.stdout.write("\n")

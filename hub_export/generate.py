@@ -209,12 +209,14 @@ def stream_generate(
     sampling: Sampling | None = None,
     chat: bool | None = None,
     system: str | None = None,
+    images: list[str | Path] | None = None,
 ) -> Iterator[GenerationResponse]:
     """Generate from ``prompt`` with a ``.pte``, yielding a :class:`GenerationResponse` per token.
 
     ``chat`` (default: whenever the model has a chat template) sends ``prompt`` as a
     user message through the template, with ``system`` as the system message.
-    ``sampling`` defaults to greedy. Bad arguments raise before the model is loaded.
+    ``images`` (files) go before the prompt, for a vision-language file (:mod:`hub_export.vision_language`),
+    which also answers without images. ``sampling`` defaults to greedy. Bad arguments raise before the model is loaded.
 
     Example:
         >>> for response in stream_generate("out/model-8da4w.pte", "out", "Once upon a time", max_new_tokens=32):
@@ -227,23 +229,47 @@ def stream_generate(
         VerificationError: the file does not load or fails in the ExecuTorch runtime.
     """
     import torch
-    from tokenizers.decoders import DecodeStream
 
     from .runtime import PteModel  # imports torch and ExecuTorch: only when a file is run
 
     sampling = sampling or Sampling()
-    tokenizer, ids, chat = _encode_prompt(Path(tokenizer_dir), prompt, max_new_tokens, sampling, chat, system)
+    images = list(images or [])
+    tokenizer, chat = _check_arguments(Path(tokenizer_dir), max_new_tokens, sampling, chat, system)
     model = PteModel(pte_path)
-    chunk, max_len, eos = _limits(model)
-    if len(ids) >= max_len:
-        raise InputError(f"the prompt is {len(ids)} tokens; this file holds at most {max_len - 1}")
+    if "vision_encoder" in model.methods:
+        from . import vision_language  # the file's three methods and its prompt layout
+
+        run = vision_language.GenerationRun(model, Path(tokenizer_dir), tokenizer, prompt, images, chat, system)
+        ids, max_len, eos, prefill, step = run.ids, run.max_len, run.eos, run.prefill, run.step
+    else:
+        ids = _encode_text(tokenizer, Path(tokenizer_dir), prompt, chat, system)
+        if images:
+            raise InputError(f"{Path(pte_path).name} does not take images; {opt('image')} needs a vision-language "
+                             "file (see `hub-export archs`)", param="image")  # fmt: skip
+        chunk, max_len, eos = _limits(model)
+        if len(ids) >= max_len:
+            raise InputError(f"the prompt is {len(ids)} tokens; this file holds at most {max_len - 1}")
+
+        def prefill():
+            return _prefill(model, ids, chunk)
+
+        def step(token: int, position: int):
+            return model.forward(torch.tensor([[token]], dtype=torch.long), start_pos=position)
+
+    yield from _stream(tokenizer, ids, max_len, eos, prefill, step, max_new_tokens, sampling, chat)
+
+
+def _stream(tokenizer, ids, max_len, eos, prefill, step, max_new_tokens, sampling, chat):
+    """The decoding loop every generating file shares: ``prefill()`` -> (scores, seconds, positions used),
+    ``step(token, position)`` -> the next scores."""
+    import torch
+    from tokenizers.decoders import DecodeStream
 
     generator = torch.Generator().manual_seed(sampling.seed)
     seen = list(ids)
     stream = DecodeStream(skip_special_tokens=True)
-    logits, prefill_seconds = _prefill(model, ids, chunk)
-
-    position, generated = len(ids), 0
+    logits, prefill_seconds, position = prefill()
+    prompt_tokens, generated = position, 0
     decode_started = time.perf_counter()
     while True:
         token = sampling.pick(logits, seen, generator)
@@ -252,11 +278,11 @@ def stream_generate(
         stop = _stop_reason(token in eos, generated >= max_new_tokens, position >= max_len)
         piece = "" if stop == "eos" else (stream.step(tokenizer, token) or "")
         yield GenerationResponse(
-            piece, token, len(ids), generated, prefill_seconds, time.perf_counter() - decode_started, stop, chat
+            piece, token, prompt_tokens, generated, prefill_seconds, time.perf_counter() - decode_started, stop, chat
         )
         if stop:
             return
-        logits = model.forward(torch.tensor([[token]], dtype=torch.long), start_pos=position)
+        logits = step(token, position)
         position += 1
 
 
@@ -287,13 +313,11 @@ def _prefill(model, ids: list[int], chunk: int):
     started = time.perf_counter()
     for start in range(0, len(ids), chunk):
         logits = model.forward(torch.tensor([ids[start : start + chunk]], dtype=torch.long), start_pos=start)
-    return logits, time.perf_counter() - started
+    return logits, time.perf_counter() - started, len(ids)
 
 
-def _encode_prompt(
-    tokenizer_dir: Path, prompt: str, max_new_tokens: int, sampling: Sampling, chat: bool | None, system: str | None
-):
-    """(tokenizer, prompt ids, whether the chat template is used), after checking the arguments."""
+def _check_arguments(tokenizer_dir: Path, max_new_tokens: int, sampling: Sampling, chat: bool | None, system):
+    """(tokenizer, whether the chat template is used), or InputError before any model loads."""
     from tokenizers import Tokenizer
 
     tokenizer_file = tokenizer_dir / "tokenizer.json"
@@ -311,7 +335,10 @@ def _encode_prompt(
             param="system",
             code="system_needs_chat",
         )
-    tokenizer = Tokenizer.from_file(str(tokenizer_file))
+    return Tokenizer.from_file(str(tokenizer_file)), chat
+
+
+def _encode_text(tokenizer, tokenizer_dir: Path, prompt: str, chat: bool, system: str | None) -> list[int]:
     # A rendered template carries its own special tokens (BOS included), as transformers' apply_chat_template does.
     ids = (
         tokenizer.encode(chat_prompt(tokenizer_dir, prompt, system), add_special_tokens=False).ids
@@ -320,7 +347,7 @@ def _encode_prompt(
     )
     if not ids:
         raise InputError("the prompt is empty after tokenization")
-    return tokenizer, ids, chat
+    return ids
 
 
 def generate(

@@ -400,12 +400,13 @@ class Prompt:
         return sum(len(p) for p in self.parts if isinstance(p, list))
 
 
-def render_chat(folder: Path, question: str, images: int) -> str:
+def render_chat(folder: Path, question: str, images: int, system: str | None = None) -> str:
     """The chat template's user turn: ``images`` image placeholders, then ``question``, then the assistant's cue."""
     from .generate import render_chat_messages
 
     content = [{"type": "image"} for _ in range(images)] + [{"type": "text", "text": question}]
-    return render_chat_messages(folder, [{"role": "user", "content": content}])
+    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
+    return render_chat_messages(folder, [*messages, {"role": "user", "content": content}])
 
 
 def prompt_segments(text: str, family: Family, images: int) -> list[str | None]:
@@ -454,13 +455,21 @@ def load_image(path_or_image, size: int) -> torch.Tensor:
     return torch.from_numpy(np.asarray(resized).copy()).permute(2, 0, 1).unsqueeze(0).contiguous()
 
 
-def build_prompt(folder: Path, family: Family, question: str, images: list[torch.Tensor], tokenizer, chat: bool = True):
+def build_prompt(
+    folder: Path,
+    family: Family,
+    question: str,
+    images: list[torch.Tensor],
+    tokenizer,
+    chat: bool = True,
+    system: str | None = None,
+) -> Prompt:
     """A :class:`Prompt` for ``question`` about ``images``: the chat template's turn, or (``chat=False``) each
     image's markers followed by ``question`` as it is."""
     if len(images) > MAX_IMAGES:
-        raise InputError(f"{len(images)} images in one prompt; a file takes at most {MAX_IMAGES}")
+        raise InputError(f"{len(images)} images in one prompt; a file takes at most {MAX_IMAGES}", param="image")
     if chat:
-        text = render_chat(folder, question, len(images))
+        text = render_chat(folder, question, len(images), system)
     else:
         text = family.placeholder * len(images) + question
     parts: list[list[int] | int] = []
@@ -510,14 +519,14 @@ class EagerSteps(_Steps):
 class VisionLanguageFile(_Steps):
     """A vision-language ``.pte``, ready to run its methods (see :mod:`hub_export.runtime`)."""
 
-    def __init__(self, pte_path: str | Path):
+    def __init__(self, pte_path):
         from .runtime import PteModel
 
-        self.model = PteModel(pte_path)
+        self.model = pte_path if isinstance(pte_path, PteModel) else PteModel(pte_path)
         missing = [name for name in METHODS if name not in self.model.methods]
         if missing:
             raise InputError(
-                f"{Path(pte_path).name} is not a vision-language file (it has no {', '.join(missing)} method)"
+                f"{self.model.path.name} is not a vision-language file (it has no {', '.join(missing)} method)"
             )
         self.max_seq_len = int(self.model.metadata["get_max_seq_len"])
         self.image_size = int(self.model.metadata["get_image_size"])
@@ -533,6 +542,47 @@ class VisionLanguageFile(_Steps):
 
     def decode(self, embeds, positions):
         return self.model.run([embeds, positions], "text_decoder")
+
+
+class GenerationRun:
+    """A prompt with images, ready for :func:`hub_export.generate.stream_generate`'s loop: ``prefill()`` and
+    ``step(token, position)`` over a vision-language file's methods.
+
+    Raises:
+        InputError: an image cannot be read, too many images, or the prompt does not fit the file's context.
+    """
+
+    def __init__(self, model, folder: Path, tokenizer, question: str, images: list, chat: bool, system: str | None):
+        try:
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise InputError(f"no readable config.json in {folder.name}/; pass the export folder") from None
+        self.file = VisionLanguageFile(model)
+        self.family = family_of(config if isinstance(config, dict) else {})
+        if len(images) > MAX_IMAGES:
+            raise InputError(f"{len(images)} images in one prompt; a file takes at most {MAX_IMAGES}", param="image")
+        pixels = [load_image(image, self.file.image_size) for image in images]
+        self.prompt = build_prompt(folder, self.family, question, pixels, tokenizer, chat, system)
+        self.ids = [token for part in self.prompt.parts if isinstance(part, list) for token in part]
+        self.max_len = self.file.max_seq_len
+        self.eos = set(self.file.model.metadata.get("get_eos_ids", []))
+        needed = self.prompt.text_tokens + len(pixels) * self.file.image_tokens
+        if needed >= self.max_len:
+            raise InputError(
+                f"the prompt takes {needed} positions ({len(pixels)} images of {self.file.image_tokens} and "
+                f"{self.prompt.text_tokens} text tokens); this file holds at most {self.max_len - 1}: use fewer "
+                "images or a shorter prompt"
+            )
+
+    def prefill(self):
+        import time
+
+        started = time.perf_counter()
+        scores, position, _ = prefill(self.file, self.prompt)
+        return scores, time.perf_counter() - started, position
+
+    def step(self, token: int, position: int) -> torch.Tensor:
+        return self.file.decode(self.file.embed(torch.tensor([[token]])), torch.tensor([position]))[0, -1]
 
 
 def prefill(steps: _Steps, prompt: Prompt) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
