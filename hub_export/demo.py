@@ -530,7 +530,7 @@ _TINY_VLM_TEXT = dict(model_type="llama", hidden_size=64, intermediate_size=128,
 
 
 def build_tiny_vlm(folder: str | Path, model_type: str = "idefics3", seed: int = 0) -> Path:
-    """Save a random-weight vision-language model of ``model_type`` (``idefics3``: SmolVLM's structure, a SigLIP
+    """Save a random-weight vision-language model of ``model_type`` (``idefics3``/``smolvlm``: a SigLIP
     tower, pixel-shuffle connector and Llama decoder on 64x64 images, 16 image tokens; ``llava``: a CLIP tower and
     MLP projector) with a byte-level tokenizer carrying the image tokens, a chat template and an image processor.
 
@@ -552,15 +552,16 @@ def build_tiny_vlm(folder: str | Path, model_type: str = "idefics3", seed: int =
     image_token = tokenizer.token_to_id("<image>")
     eos = tokenizer.token_to_id("<end_of_utterance>")
     text = dict(_TINY_VLM_TEXT, vocab_size=vocab, eos_token_id=eos, bos_token_id=None, pad_token_id=None)
-    if model_type == "idefics3":
-        from transformers import Idefics3Config, Idefics3ForConditionalGeneration
+    if model_type in ("idefics3", "smolvlm"):
+        import transformers
 
-        config = Idefics3Config(
+        prefix = "Idefics3" if model_type == "idefics3" else "SmolVLM"
+        config = getattr(transformers, f"{prefix}Config")(
             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                                image_size=64, patch_size=8),
             text_config=text, scale_factor=2, image_token_id=image_token,
         )  # fmt: skip
-        model_class = Idefics3ForConditionalGeneration
+        model_class = getattr(transformers, f"{prefix}ForConditionalGeneration")
         processor = {"image_processor_type": "Idefics3ImageProcessor", "do_image_splitting": False,
                      "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "rescale_factor": 1 / 255,
                      "size": {"longest_edge": 64}, "max_image_size": {"longest_edge": 64}}  # fmt: skip
@@ -578,7 +579,7 @@ def build_tiny_vlm(folder: str | Path, model_type: str = "idefics3", seed: int =
                      "image_std": [0.2686, 0.2613, 0.2758], "rescale_factor": 1 / 255,
                      "size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}}  # fmt: skip
     else:
-        raise ValueError(f"no tiny vision-language model of type {model_type!r}; choose idefics3 or llava")
+        raise ValueError(f"no tiny vision-language model of type {model_type!r}; choose idefics3, smolvlm or llava")
     config.eos_token_id = eos
     torch.manual_seed(seed)
     model = model_class(config).eval()

@@ -125,16 +125,21 @@ def _tag_weights_external(tag: str):
     return tag_weights
 
 
-def backend_config(tag: str | None = None):
+def backend_config(tag: str | None = None, methods: int = 1):
     """How every ``.pte`` is serialized: delegate blobs in segments, inputs not copied into planned memory
     (``alloc_graph_input=False``), quantized-weight patterns folded; with ``tag``, every weight into that data file.
+
+    A file of several ``methods`` keeps its KV cache in an arena of its own (``share_mutable_buffers``): the
+    runtimes share each planned arena among a program's methods, so a cache planned beside the activations of
+    the decoder's method is overwritten when another method runs between two decoder calls (a vision-language
+    file's ``vision_encoder`` between prompt chunks).
     """
     from executorch.exir import ExecutorchBackendConfig
     from executorch.exir.passes import MemoryPlanningPass
 
     return ExecutorchBackendConfig(
         extract_delegate_segments=True,
-        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False),
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, share_mutable_buffers=methods > 1),
         do_quant_fusion_and_const_prop=True,
         external_constants=(lambda node: tag) if tag else False,
     )
@@ -213,7 +218,7 @@ def _methods_to_pte(
             compile_config=edge_compile_config(),
             constant_methods=metadata,
         )
-    executorch_program = edge.to_executorch(backend_config())
+    executorch_program = edge.to_executorch(backend_config(methods=len(programs)))
     del edge
     with open(path, "wb") as handle:
         executorch_program.write_to_file(handle)

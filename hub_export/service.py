@@ -453,9 +453,18 @@ def _preview_text2text(request: PreviewRequest, files: Path, pte: str, emit: Emi
     return answer
 
 
-def _preview_text(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> GenerationResult:
+def _preview_vision_language(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> GenerationResult:
+    """Stream the file's answer to the prompt about the uploaded image (a plain question without one)."""
+    if not request.prompt.strip():
+        request = dataclasses.replace(request, prompt="What is in this picture?")
+    return _preview_text(request, files, pte, emit, images=[request.image] if request.image else None)
+
+
+def _preview_text(
+    request: PreviewRequest, files: Path, pte: str, emit: Emit, images: list[str] | None = None
+) -> GenerationResult:
     """Stream the file's answer to the prompt."""
-    emit(("stage", f"generating with {pte}"))
+    emit(("stage", f"generating with {pte}" + (" from the image" if images else "")))
     chosen_file = files / pte
     pieces, last = [], None
     for last in stream_generate(
@@ -466,6 +475,7 @@ def _preview_text(request: PreviewRequest, files: Path, pte: str, emit: Emit) ->
         sampling=request.sampling,
         chat=request.chat,
         system=request.system,
+        images=images,
     ):
         if last.text:
             pieces.append(last.text)
@@ -481,6 +491,7 @@ _PREVIEWS = {
     "image-classification": _preview_classify,
     "automatic-speech-recognition": _preview_transcribe,
     "text2text-generation": _preview_text2text,
+    "image-text-to-text": _preview_vision_language,
 }
 
 
