@@ -61,6 +61,7 @@ FAMILIES: tuple[Family, ...] = (
     Family("EfficientNet", ("efficientnet",), "none", "verified", "depthwise convolutions, squeeze-excite", "image-classification"),
     Family("SmolVLM / SmolVLM2 / Idefics3", ("smolvlm", "idefics3"), "static (decoder)", "verified", "SigLIP tower + pixel-shuffle connector + Llama decoder; one image tile at the tower's size (no splitting)", "image-text-to-text"),
     Family("LLaVA", ("llava",), "static (decoder)", "verified", "CLIP tower (a chosen layer, [CLS] dropped) + MLP projector + any supported decoder", "image-text-to-text"),
+    Family("InternVL 2.5 / 3", ("internvl",), "static (decoder)", "verified", "InternViT tower + pixel shuffle + MLP + Qwen2 decoder; one 448-px tile (no dynamic tiling)", "image-text-to-text"),
 )
 # fmt: on
 

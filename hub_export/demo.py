@@ -516,7 +516,8 @@ def packaged_minilm(cache: str | Path | None = None) -> Path:
     return target
 
 
-VLM_IMAGE_TOKENS = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>"]
+VLM_IMAGE_TOKENS = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>", "<IMG_CONTEXT>",
+                    "<img>", "</img>"]
 # A chat template in SmolVLM's shape: typed content parts, "<image>" where an image goes.
 VLM_CHAT_TEMPLATE = (
     "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}:"
@@ -578,9 +579,24 @@ def build_tiny_vlm(folder: str | Path, model_type: str = "idefics3", seed: int =
         processor = {"image_processor_type": "CLIPImageProcessor", "image_mean": [0.4815, 0.4578, 0.4082],
                      "image_std": [0.2686, 0.2613, 0.2758], "rescale_factor": 1 / 255,
                      "size": {"shortest_edge": 32}, "crop_size": {"height": 32, "width": 32}}  # fmt: skip
+    elif model_type == "internvl":
+        from transformers import InternVLConfig, InternVLForConditionalGeneration
+
+        image_token = tokenizer.token_to_id("<IMG_CONTEXT>")
+        config = InternVLConfig(
+            vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
+                               image_size=[64, 64], patch_size=[8, 8]),
+            text_config=dict(text, model_type="qwen2"), downsample_ratio=0.5, image_token_id=image_token,
+        )  # fmt: skip
+        model_class = InternVLForConditionalGeneration
+        processor = {"image_processor_type": "GotOcr2ImageProcessorFast", "image_mean": [0.485, 0.456, 0.406],
+                     "image_std": [0.229, 0.224, 0.225], "rescale_factor": 1 / 255,
+                     "size": {"height": 64, "width": 64}, "crop_to_patches": False}  # fmt: skip
     else:
-        raise ValueError(f"no tiny vision-language model of type {model_type!r}; choose idefics3, smolvlm or llava")
+        raise ValueError(f"no tiny vision-language model of type {model_type!r}; choose idefics3, smolvlm, llava or "
+                         "internvl")  # fmt: skip
     config.eos_token_id = eos
+    template = VLM_CHAT_TEMPLATE.replace("<image>", "<IMG_CONTEXT>") if model_type == "internvl" else VLM_CHAT_TEMPLATE
     torch.manual_seed(seed)
     model = model_class(config).eval()
     with torch.no_grad():
@@ -591,7 +607,7 @@ def build_tiny_vlm(folder: str | Path, model_type: str = "idefics3", seed: int =
     model.save_pretrained(folder)
     tokenizer.save(str(folder / "tokenizer.json"))
     settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<end_of_utterance>", "bos_token": None,
-                "model_max_length": 2048, "chat_template": VLM_CHAT_TEMPLATE}  # fmt: skip
+                "model_max_length": 2048, "chat_template": template}  # fmt: skip
     (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
     (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
     (folder / "README.md").write_text(

@@ -21,7 +21,7 @@ template, where the template writes its image placeholder.
 
 Families differ in how pixels become embeddings (:data:`FAMILIES`): Idefics3/SmolVLM run a
 SigLIP tower and a pixel-shuffle connector; LLaVA a CLIP tower's second-to-last layer and an
-MLP projector. Verification (:func:`verify_variant`) checks each method against the eager
+MLP projector; InternVL an InternViT tower, pixel shuffle and an MLP into a Qwen2 decoder. Verification (:func:`verify_variant`) checks each method against the eager
 model with the same quantization on drawn images: the image embeddings' cosine, then the
 decoder's KL and top-1 over the image-and-prompt prefix and a teacher-forced answer; it
 reports what quantization cost against fp32 (same greedy answer, KL, the decoder's text
@@ -113,6 +113,26 @@ def _llava_tokens(config) -> int:
     return patches + (0 if config.vision_feature_select_strategy == "default" else 1)
 
 
+def _internvl_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    config = model.config
+    out = model.model.get_image_features(
+        pixel_values=pixels,
+        vision_feature_layer=config.vision_feature_layer,
+        vision_feature_select_strategy=config.vision_feature_select_strategy,
+    )
+    return out.pooler_output
+
+
+def _side(value) -> int:
+    return int(value[0] if isinstance(value, (list, tuple)) else value)
+
+
+def _internvl_tokens(config) -> int:
+    vision = config.vision_config
+    patches = (_side(vision.image_size) // _side(vision.patch_size)) ** 2
+    return int(patches * config.downsample_ratio**2)
+
+
 IDEFICS3 = Family(
     name="Idefics3 / SmolVLM",
     model_types=("idefics3", "smolvlm"),
@@ -134,7 +154,18 @@ LLAVA = Family(
     image_tokens=_llava_tokens,
     image_size=lambda config: int(config.vision_config.image_size),
 )
-FAMILIES = {model_type: family for family in (IDEFICS3, LLAVA) for model_type in family.model_types}
+INTERNVL = Family(
+    name="InternVL",
+    model_types=("internvl",),
+    image_features=_internvl_features,
+    vision_module=lambda model: nn.ModuleList([model.model.vision_tower, model.model.multi_modal_projector]),
+    language_model=lambda model: model.model.language_model,
+    image_tokens=_internvl_tokens,
+    image_size=lambda config: _side(config.vision_config.image_size),
+    markers=("<img>", "</img>"),
+    placeholder="<IMG_CONTEXT>",
+)
+FAMILIES = {model_type: family for family in (IDEFICS3, LLAVA, INTERNVL) for model_type in family.model_types}
 
 
 def family_of(config) -> Family:

@@ -39,7 +39,7 @@ def drawn_images(tmp_path_factory) -> list[Path]:
     return paths
 
 
-@pytest.mark.parametrize("model_type", ["idefics3", "smolvlm", "llava"])
+@pytest.mark.parametrize("model_type", ["idefics3", "smolvlm", "llava", "internvl"])
 def test_the_three_methods_compute_what_transformers_computes(model_type, tmp_path, drawn_images) -> None:
     """Prefill of text, image and text, then decode steps, against transformers' own forward over the whole
     sequence with the image's tokens expanded as its processor expands them."""
@@ -69,7 +69,7 @@ def test_the_three_methods_compute_what_transformers_computes(model_type, tmp_pa
     for part in prompt.parts:
         ids += [model.config.image_token_id] * wrapped.image_tokens if isinstance(part, int) else part
     pixels = wrapped.vision_encoder.normalise(image)
-    pixels = pixels.unsqueeze(0) if model_type != "llava" else pixels  # Idefics3 batches images per sample
+    pixels = pixels.unsqueeze(0) if model_type in ("idefics3", "smolvlm") else pixels  # Idefics3: images per sample
     model.config.get_text_config()._attn_implementation = "eager"  # transformers' reference math, no cache ops
     with torch.no_grad():
         logits = model(input_ids=torch.tensor([ids + answer]), pixel_values=pixels).logits[0]
@@ -194,7 +194,7 @@ def test_the_task_is_read_from_the_config_and_its_options_checked(tiny_smolvlm) 
     from hub_export.errors import InputError
     from hub_export.vision_language import seq_len
 
-    for model_type in ("smolvlm", "idefics3", "llava"):
+    for model_type in ("smolvlm", "idefics3", "llava", "internvl"):
         assert tasks.task_for({"model_type": model_type}) is tasks.IMAGE_TEXT_TO_TEXT
     with pytest.raises(InputError, match="mixed does not apply to image-text-to-text"):
         tasks.check_qmodes(tasks.IMAGE_TEXT_TO_TEXT, ["mixed"])
@@ -242,3 +242,15 @@ def test_running_the_vision_encoder_between_decoder_calls_keeps_the_cache(export
     file.vision(vl.load_image(drawn_images[1], file.image_size))  # runs between the two chunks
     disturbed = file.decode(embeds, torch.arange(7, 7 + embeds.shape[1]))
     assert torch.allclose(undisturbed, disturbed, atol=1e-5), (undisturbed - disturbed).abs().max()
+
+
+@pytest.mark.parametrize("model_type", ["llava", "internvl"])
+def test_the_other_families_export_verified_files_the_runner_takes(model_type, tmp_path) -> None:
+    from hub_export.demo import build_tiny_vlm
+    from hub_export.export import export
+    from hub_export.manifest import Manifest
+
+    out = tmp_path / "out"
+    export(str(build_tiny_vlm(tmp_path / model_type, model_type)), out, qmodes=["8da4w"], max_seq_len=128, jobs=1)
+    variant = Manifest.read(out).variants[0]
+    assert variant.verification.verified and variant.verification.figures["runner_matches"] == 1.0
