@@ -614,3 +614,64 @@ def build_tiny_vlm(folder: str | Path, model_type: str = "idefics3", seed: int =
         "---\nlicense: apache-2.0\n---\n# Tiny vision-language model\n\nRandom weights, for tests and demos.\n"
     )
     return folder
+
+
+SMOLVLM_256M_VISION = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
+                           image_size=512, patch_size=16)  # fmt: skip
+
+
+def build_smolvlm_shaped(folder: str | Path, seed: int = 0) -> Path:
+    """SmolVLM-256M's shape with the real SmolLM2-135M-Instruct as its text model.
+
+    No package ships a SmolVLM checkpoint, so the vision side is SmolVLM-256M's at its real widths with random
+    weights (a SigLIP tower 768 wide, 12 layers, 512-px images in 16-px patches; a pixel-shuffle connector by 4, so
+    64 image tokens), and the text side is the packaged SmolLM2-135M-Instruct (:func:`packaged_smollm2`: the
+    decoder SmolVLM-256M was built on), its tokenizer extended by SmolVLM's image tokens. The file's sizes, speeds,
+    memory and decoder figures are those of the real model; what it says about an image is not.
+
+    Example:
+        >>> build_smolvlm_shaped("/tmp/smolvlm-shaped").joinpath("config.json").is_file()  # doctest: +SKIP
+        True
+    """
+    import torch
+    from tokenizers import AddedToken, Tokenizer
+    from transformers import AutoModelForCausalLM, GenerationConfig, SmolVLMConfig, SmolVLMForConditionalGeneration
+
+    from .gguf_source import converted_folder
+
+    folder = Path(folder)
+    text_folder, _ = converted_folder(packaged_smollm2())
+    text = AutoModelForCausalLM.from_pretrained(text_folder, dtype=torch.float32).eval()
+    tokenizer = Tokenizer.from_file(str(text_folder / "tokenizer.json"))
+    tokenizer.add_special_tokens([AddedToken(t, special=True, normalized=False) for t in VLM_IMAGE_TOKENS[:4]])
+    vocab = tokenizer.get_vocab_size()
+    eos = [tokenizer.token_to_id("<end_of_utterance>"), tokenizer.token_to_id("<|im_end|>")]
+    text_config = text.config.to_dict() | {"vocab_size": vocab, "tie_word_embeddings": False, "eos_token_id": eos[0]}
+    config = SmolVLMConfig(vision_config=SMOLVLM_256M_VISION, text_config=text_config, scale_factor=4,
+                           image_token_id=tokenizer.token_to_id("<image>"), tie_word_embeddings=False)  # fmt: skip
+    torch.manual_seed(seed)
+    model = SmolVLMForConditionalGeneration(config).eval()
+    table = text.get_input_embeddings().weight.detach()
+    # The image tokens' rows start at the mean row, as transformers' resize_token_embeddings does.
+    grown = torch.cat([table, table.mean(0, keepdim=True).expand(vocab - table.shape[0], -1)])
+    state = {k: v for k, v in text.model.state_dict().items() if not k.endswith("embed_tokens.weight")}
+    missing = model.model.text_model.load_state_dict(state, strict=False).missing_keys
+    assert missing == ["embed_tokens.weight"], missing
+    with torch.no_grad():
+        model.model.text_model.embed_tokens.weight.copy_(grown)
+        model.lm_head.weight.copy_(grown)
+    model.generation_config = GenerationConfig(eos_token_id=eos)
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<end_of_utterance>", "bos_token": None,
+                "model_max_length": 8192, "chat_template": VLM_CHAT_TEMPLATE}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    processor = {"image_processor_type": "Idefics3ImageProcessor", "do_image_splitting": False,
+                 "image_mean": [0.5, 0.5, 0.5], "image_std": [0.5, 0.5, 0.5], "rescale_factor": 1 / 255,
+                 "size": {"longest_edge": 512}, "max_image_size": {"longest_edge": 512}}  # fmt: skip
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    (folder / "README.md").write_text(
+        "---\nlicense: apache-2.0\n---\n# SmolVLM-256M-shaped\n\nSmolVLM-256M's vision tower and connector with random "
+        "weights at real widths, and the real SmolLM2-135M-Instruct as its text model.\n"
+    )
+    return folder
