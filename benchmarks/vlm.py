@@ -96,7 +96,7 @@ def main() -> None:
         "# SmolVLM-256M-shaped (real SmolLM2-135M-Instruct decoder, random SigLIP tower at real widths)",
         "",
         f"`python -m benchmarks.vlm` on {record['machine']}; context {args.max_seq_len}, 8-bit embeddings; one drawn "
-        f"512-px image and \"{QUESTION}\" (64 image tokens); timings from ExecuTorch's MultimodalRunner.",
+        f'512-px image and "{QUESTION}" (64 image tokens); timings from ExecuTorch\'s MultimodalRunner.',
         "",
         "| file | size | vision encoder | prompt positions | prefill | decode | text perplexity vs fp32 | runner = own loop |",
         "|---|---|---|---|---|---|---|---|",

@@ -447,7 +447,9 @@ def card_context(
         "embedding_dim": source.get("embedding_dim"),
         "mask_token": source.get("mask_token") if source.get("mask_token") in ("[MASK]", "<mask>") else None,
         "image_size": _image_size(source.get("image_size")),
-        "image_side": source.get("image_size") if isinstance(source.get("image_size"), int) and 0 < source.get("image_size") < 100_000 else None,
+        "image_side": source.get("image_size")
+        if isinstance(source.get("image_size"), int) and 0 < source.get("image_size") < 100_000
+        else None,
         "prompt_before": _python_string((source.get("image_prompt") or ["", ""])[0]),
         "prompt_after": _python_string((source.get("image_prompt") or ["", ""])[1]),
         "max_images": source.get("max_images") if isinstance(source.get("max_images"), int) else None,

@@ -516,8 +516,15 @@ def packaged_minilm(cache: str | Path | None = None) -> Path:
     return target
 
 
-VLM_IMAGE_TOKENS = ["<image>", "<fake_token_around_image>", "<global-img>", "<end_of_utterance>", "<IMG_CONTEXT>",
-                    "<img>", "</img>"]
+VLM_IMAGE_TOKENS = [
+    "<image>",
+    "<fake_token_around_image>",
+    "<global-img>",
+    "<end_of_utterance>",
+    "<IMG_CONTEXT>",
+    "<img>",
+    "</img>",
+]
 # A chat template in SmolVLM's shape: typed content parts, "<image>" where an image goes.
 VLM_CHAT_TEMPLATE = (
     "<|im_start|>{% for message in messages %}{{ message['role'] | capitalize }}:"

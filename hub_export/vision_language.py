@@ -40,7 +40,7 @@ from typing import Any
 import torch
 from torch import nn
 
-from . import kv_cache, quantize
+from . import quantize
 from .encoders import label_figures
 from .errors import InputError, VerificationError, first_line, opt
 from .kv_cache import ForwardContext, KVCache, plan_layers
@@ -838,7 +838,9 @@ def verify_variant(
     if runner is not None:
         own = _decode(reference, answers[0])
         figures["runner_matches"] = float(same_text(runner, own))
-        checks.append((not same_text(runner, own), f"MultimodalRunner answered {runner[:40]!r}, the file's own loop {own[:40]!r}"))
+        checks.append(
+            (not same_text(runner, own), f"MultimodalRunner answered {runner[:40]!r}, the file's own loop {own[:40]!r}")
+        )
     failure = next((why for failed, why in checks if failed), None)
     positions = int(sum(r.shape[0] for r in rows))
     return Verification(failure is None, positions=positions, failure=failure, figures=figures)

@@ -178,7 +178,10 @@ def preview_tab() -> dict[str, Any]:
     )
     with gr.Row(equal_height=True):
         ui["image"] = gr.Image(
-            label="Image (for an image-classification or vision-language repo)", type="filepath", sources=["upload"], height=180
+            label="Image (for an image-classification or vision-language repo)",
+            type="filepath",
+            sources=["upload"],
+            height=180,
         )
         ui["audio"] = gr.Audio(
             label="Recording (for a speech-recognition repo)", type="filepath", sources=["microphone", "upload"]

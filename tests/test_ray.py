@@ -256,10 +256,12 @@ def test_the_space_hands_its_export_to_the_cluster_and_still_streams_its_log(
         ("build_tiny_encoder", "feature-extraction", "sentences"),
         ("build_tiny_whisper", "automatic-speech-recognition", "clips"),
         ("build_tiny_t5", "text2text-generation", "prompts"),
+        ("build_tiny_vlm", "image-text-to-text", "images"),
     ],
 )
 def test_an_encoder_task_exports_on_the_cluster_as_on_this_machine(ray_cluster, tmp_path, builder, task, figure):
-    """Sentence embeddings, speech and text-to-text variants (their references travel to the cluster's tasks)."""
+    """Sentence embeddings, speech, text-to-text and vision-language variants (their references travel to the
+    cluster's tasks)."""
     from hub_export import demo
     from hub_export.export import export
     from hub_export.manifest import Manifest

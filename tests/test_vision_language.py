@@ -154,9 +154,8 @@ def test_generate_streams_an_answer_about_images(exported_vlm, drawn_images, cap
 
 
 def test_bad_images_are_refused_in_one_line(exported_vlm, drawn_images, tmp_path, capsys) -> None:
-    from PIL import Image
-
     from helpers import run_cli
+    from PIL import Image
 
     animated = tmp_path / "clip.gif"
     frames = [Image.new("RGB", (16, 16), colour) for colour in ("red", "blue")]
