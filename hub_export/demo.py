@@ -12,7 +12,7 @@ from pathlib import Path
 
 from . import ct2_whisper
 from .errors import SourceError
-from .gguf_source import cache_root
+from .gguf_source import cache_root, converted_folder
 
 CORPUS = """\
 The quick brown fox jumps over the lazy dog. ExecuTorch runs PyTorch models on phones,
@@ -557,9 +557,33 @@ def build_tiny_vlm(folder: str | Path, model_type: str = "idefics3", seed: int =
     tokenizer = train_tokenizer()
     tokenizer.add_special_tokens([AddedToken(token, special=True, normalized=False) for token in VLM_IMAGE_TOKENS])
     vocab = tokenizer.get_vocab_size()
-    image_token = tokenizer.token_to_id("<image>")
     eos = tokenizer.token_to_id("<end_of_utterance>")
     text = dict(_TINY_VLM_TEXT, vocab_size=vocab, eos_token_id=eos, bos_token_id=None, pad_token_id=None)
+    config, model_class, processor = _tiny_vlm_config(model_type, text, tokenizer)
+    config.eos_token_id = eos
+    template = VLM_CHAT_TEMPLATE.replace("<image>", "<IMG_CONTEXT>") if model_type == "internvl" else VLM_CHAT_TEMPLATE
+    torch.manual_seed(seed)
+    model = model_class(config).eval()
+    with torch.no_grad():
+        for module in model.modules():
+            if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
+                torch.nn.init.kaiming_normal_(module.weight, nonlinearity="linear")
+    model.generation_config = GenerationConfig(eos_token_id=[eos])
+    model.save_pretrained(folder)
+    tokenizer.save(str(folder / "tokenizer.json"))
+    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<end_of_utterance>", "bos_token": None,
+                "model_max_length": 2048, "chat_template": template}  # fmt: skip
+    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
+    (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
+    (folder / "README.md").write_text(
+        "---\nlicense: apache-2.0\n---\n# Tiny vision-language model\n\nRandom weights, for tests and demos.\n"
+    )
+    return folder
+
+
+def _tiny_vlm_config(model_type: str, text: dict, tokenizer):
+    """(config, model class, preprocessor settings) of :func:`build_tiny_vlm`'s ``model_type``."""
+    image_token = tokenizer.token_to_id("<image>")
     if model_type in ("idefics3", "smolvlm"):
         import transformers
 
@@ -589,7 +613,7 @@ def build_tiny_vlm(folder: str | Path, model_type: str = "idefics3", seed: int =
     elif model_type == "internvl":
         from transformers import InternVLConfig, InternVLForConditionalGeneration
 
-        image_token = tokenizer.token_to_id("<IMG_CONTEXT>")
+        image_token = tokenizer.token_to_id("<IMG_CONTEXT>")  # InternVL's placeholder
         config = InternVLConfig(
             vision_config=dict(hidden_size=32, intermediate_size=64, num_hidden_layers=2, num_attention_heads=2,
                                image_size=[64, 64], patch_size=[8, 8]),
@@ -602,25 +626,7 @@ def build_tiny_vlm(folder: str | Path, model_type: str = "idefics3", seed: int =
     else:
         raise ValueError(f"no tiny vision-language model of type {model_type!r}; choose idefics3, smolvlm, llava or "
                          "internvl")  # fmt: skip
-    config.eos_token_id = eos
-    template = VLM_CHAT_TEMPLATE.replace("<image>", "<IMG_CONTEXT>") if model_type == "internvl" else VLM_CHAT_TEMPLATE
-    torch.manual_seed(seed)
-    model = model_class(config).eval()
-    with torch.no_grad():
-        for module in model.modules():
-            if isinstance(module, (torch.nn.Conv2d, torch.nn.Linear)):
-                torch.nn.init.kaiming_normal_(module.weight, nonlinearity="linear")
-    model.generation_config = GenerationConfig(eos_token_id=[eos])
-    model.save_pretrained(folder)
-    tokenizer.save(str(folder / "tokenizer.json"))
-    settings = {"tokenizer_class": "PreTrainedTokenizerFast", "eos_token": "<end_of_utterance>", "bos_token": None,
-                "model_max_length": 2048, "chat_template": template}  # fmt: skip
-    (folder / "tokenizer_config.json").write_text(json.dumps(settings, indent=2) + "\n")
-    (folder / "preprocessor_config.json").write_text(json.dumps(processor, indent=2) + "\n")
-    (folder / "README.md").write_text(
-        "---\nlicense: apache-2.0\n---\n# Tiny vision-language model\n\nRandom weights, for tests and demos.\n"
-    )
-    return folder
+    return config, model_class, processor
 
 
 SMOLVLM_256M_VISION = dict(hidden_size=768, intermediate_size=3072, num_hidden_layers=12, num_attention_heads=12,
@@ -643,8 +649,6 @@ def build_smolvlm_shaped(folder: str | Path, seed: int = 0) -> Path:
     import torch
     from tokenizers import AddedToken, Tokenizer
     from transformers import AutoModelForCausalLM, GenerationConfig, SmolVLMConfig, SmolVLMForConditionalGeneration
-
-    from .gguf_source import converted_folder
 
     folder = Path(folder)
     text_folder, _ = converted_folder(packaged_smollm2())

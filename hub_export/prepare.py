@@ -19,8 +19,8 @@ from typing import TYPE_CHECKING, Any
 from . import archs, quantize, tasks
 from . import source as source_stage
 from .calibrate import MixedPlan, plan_mixed
+from .chat import chat_template
 from .errors import ExportError, InputError, opt
-from .generate import chat_template
 from .options import ExportOptions
 
 if TYPE_CHECKING:

@@ -41,12 +41,20 @@ import torch
 from torch import nn
 
 from . import quantize
+from .archs import SUPPORTED_MODEL_TYPES
+from .build import token_ids as decoder_token_ids
+from .chat import render_chat_messages
 from .encoders import label_figures
 from .errors import InputError, VerificationError, first_line, opt
+from .image_classifier import draw
 from .kv_cache import ForwardContext, KVCache, plan_layers
+from .lower import runner_metadata
 from .manifest import Verification
+from .patches import delegable_norms, delegable_rotary, forget_compiled_globals
+from .process_env import pte_process_env
 from .quantize import QMode
-from .wrap import ATTENTION_NAME, register_attention, rotary_dims, rotate_half_weight
+from .verify import MAX_MEAN_KL, MIN_TOP1, TIE_NATS, eval_text  # the text decoder's bounds, one definition
+from .wrap import ATTENTION_NAME, needs_strict_tracing, register_attention, rotary_dims, rotate_half_weight
 
 METHODS = ("vision_encoder", "token_embedding", "text_decoder")
 DEFAULT_SEQ_LEN = 1024
@@ -300,8 +308,6 @@ def seq_len(folder: Path, config: dict, requested: int | None) -> int:
     family = family_of(config)
     from transformers import AutoConfig
 
-    from .archs import SUPPORTED_MODEL_TYPES
-
     loaded = AutoConfig.from_pretrained(folder)
     text_type = loaded.get_text_config().model_type
     if text_type not in SUPPORTED_MODEL_TYPES["text-generation"]:
@@ -326,8 +332,6 @@ def wrap(model: nn.Module, folder: Path, max_seq_len: int = DEFAULT_SEQ_LEN) -> 
 
 def export(wrapped: VisionLanguageModel, max_seq_len: int) -> dict[str, torch.export.ExportedProgram]:
     """The three methods: a fixed image size, a dynamic number of tokens (prefill) for the other two."""
-    from .patches import delegable_norms, delegable_rotary, forget_compiled_globals
-
     tokens = torch.export.Dim("tokens", min=1, max=wrapped.text_decoder.max_seq_len - 1)
     image = torch.zeros(1, 3, wrapped.image_size, wrapped.image_size, dtype=torch.uint8)
     ids = torch.zeros(1, 2, dtype=torch.long)
@@ -350,21 +354,15 @@ def export(wrapped: VisionLanguageModel, max_seq_len: int) -> dict[str, torch.ex
 
 
 def _strict(layout) -> bool:
-    from .wrap import needs_strict_tracing
-
     return needs_strict_tracing(layout)
 
 
 def token_ids(model: nn.Module) -> tuple[int | None, list[int]]:
-    from .build import token_ids as decoder_token_ids
-
     return decoder_token_ids(model)
 
 
 def metadata(model: nn.Module, folder: Path, max_seq_len: int) -> dict[str, Any]:
     """What ``MultimodalRunner`` reads (``extension/llm/runner/constants.h``), plus the image's geometry."""
-    from .lower import runner_metadata
-
     family = family_of(model.config)
     bos, eos = token_ids(model)
     values = runner_metadata(
@@ -433,8 +431,6 @@ class Prompt:
 
 def render_chat(folder: Path, question: str, images: int, system: str | None = None) -> str:
     """The chat template's user turn: ``images`` image placeholders, then ``question``, then the assistant's cue."""
-    from .generate import render_chat_messages
-
     content = [{"type": "image"} for _ in range(images)] + [{"type": "text", "text": question}]
     messages = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
     return render_chat_messages(folder, [*messages, {"role": "user", "content": content}])
@@ -541,7 +537,7 @@ class EagerSteps(_Steps):
             return self.wrapped.token_embedding(ids)
 
     def decode(self, embeds, positions):
-        from .runtime import quiet_native_output
+        from .runtime import quiet_native_output  # the ExecuTorch runtime: loaded when a file is run
 
         with torch.no_grad(), quiet_native_output():
             return self.wrapped.text_decoder(embeds, positions)
@@ -551,7 +547,7 @@ class VisionLanguageFile(_Steps):
     """A vision-language ``.pte``, ready to run its methods (see :mod:`hub_export.runtime`)."""
 
     def __init__(self, pte_path):
-        from .runtime import PteModel
+        from .runtime import PteModel  # the ExecuTorch runtime: loaded when a file is run
 
         self.model = pte_path if isinstance(pte_path, PteModel) else PteModel(pte_path)
         missing = [name for name in METHODS if name not in self.model.methods]
@@ -703,8 +699,6 @@ class VisionLanguageExpected:
 
 
 def eval_prompts(folder: Path, family: Family, size: int, tokenizer) -> tuple[list[str], list[Prompt]]:
-    from .image_classifier import draw
-
     items, prompts = [], []
     for index in range(EVAL_IMAGES):
         image, what = draw(index, size)
@@ -715,8 +709,6 @@ def eval_prompts(folder: Path, family: Family, size: int, tokenizer) -> tuple[li
 
 
 def _eval_text_ids(tokenizer) -> list[int]:
-    from .verify import eval_text
-
     return tokenizer.encode(eval_text(), add_special_tokens=False).ids[:PERPLEXITY_TOKENS]
 
 
@@ -777,6 +769,18 @@ def same_text(a: str, b: str) -> bool:
     return a.replace("\ufffd", "") == b.replace("\ufffd", "")
 
 
+def _checks(figures: dict, limits: dict) -> list[tuple[bool, str]]:
+    """(failed, why) of each pass/fail check against the eager model with the same quantization."""
+    return [
+        (figures["min_feature_cosine"] < limits["min_feature_cosine_required"], f"image embeddings' cosine to eager "
+         f"{figures['min_feature_cosine']:.4f} is below {limits['min_feature_cosine_required']}"),
+        (figures["mean_kl_vs_eager"] > limits["max_kl_vs_eager_allowed"], f"mean KL from eager "
+         f"{figures['mean_kl_vs_eager']:.3g} exceeds {limits['max_kl_vs_eager_allowed']:.3g}"),
+        (figures["top1_vs_eager"] < limits["min_top1_vs_eager_required"], f"top-1 agreement with eager "
+         f"{figures['top1_vs_eager']:.0%} is below {limits['min_top1_vs_eager_required']:.0%}"),
+    ]  # fmt: skip
+
+
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
     return float(nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
 
@@ -791,8 +795,6 @@ def verify_variant(
 ) -> Verification:
     """Each method against quantized eager (pass/fail), the answers against fp32's (quality), one prompt in
     ``MultimodalRunner``."""
-    from .verify import MAX_MEAN_KL, MIN_TOP1, TIE_NATS  # the text decoder's bounds, one definition
-
     kind = mode.tolerance
     limits = {
         "min_feature_cosine_required": MIN_FEATURE_COSINE[kind],
@@ -827,20 +829,12 @@ def verify_variant(
         "fp32_perplexity": reference.fp32_perplexity,
     }
     figures["perplexity_ratio"] = figures["perplexity"] / reference.fp32_perplexity
-    checks = [
-        (figures["min_feature_cosine"] < limits["min_feature_cosine_required"], f"image embeddings' cosine to eager "
-         f"{figures['min_feature_cosine']:.4f} is below {limits['min_feature_cosine_required']}"),
-        (figures["mean_kl_vs_eager"] > limits["max_kl_vs_eager_allowed"], f"mean KL from eager "
-         f"{figures['mean_kl_vs_eager']:.3g} exceeds {limits['max_kl_vs_eager_allowed']:.3g}"),
-        (figures["top1_vs_eager"] < limits["min_top1_vs_eager_required"], f"top-1 agreement with eager "
-         f"{figures['top1_vs_eager']:.0%} is below {limits['min_top1_vs_eager_required']:.0%}"),
-    ]  # fmt: skip
+    checks = _checks(figures, limits)
     if runner is not None:
         own = _decode(reference, answers[0])
         figures["runner_matches"] = float(same_text(runner, own))
-        checks.append(
-            (not same_text(runner, own), f"MultimodalRunner answered {runner[:40]!r}, the file's own loop {own[:40]!r}")
-        )
+        checks.append((not same_text(runner, own), f"MultimodalRunner answered {runner[:40]!r}, the file's own loop "
+                       f"{own[:40]!r}"))  # fmt: skip
     failure = next((why for failed, why in checks if failed), None)
     positions = int(sum(r.shape[0] for r in rows))
     return Verification(failure is None, positions=positions, failure=failure, figures=figures)
@@ -863,8 +857,6 @@ def runner_generate(pte_path: str | Path, tokenizer_json: str | Path, prompt: Pr
     import subprocess
     import sys
     import tempfile
-
-    from .process_env import pte_process_env
 
     with tempfile.TemporaryDirectory(prefix="hub-export-runner-") as scratch:
         parts = []
