@@ -748,25 +748,53 @@ def expected(wrapped: VisionLanguageModel, reference: VisionLanguageReference) -
 
 
 def _decode(reference: VisionLanguageReference, tokens: list[int]) -> str:
-    """``tokens`` as the runner prints them: token by token, leaving out a piece that is one byte but neither
-    printable nor a space (the runner's ``safe_printf`` skips those: control codes, and the single bytes of a
-    character split over several tokens, which our tokenizer writes as U+FFFD)."""
+    """``tokens`` as the runner prints them: each token's bytes, leaving out a token that is one byte but neither
+    printable nor a space (the runner's ``safe_printf`` skips those), decoded with replacement as
+    :func:`runner_generate` decodes the runner's output."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_str(reference.tokenizer_json)
-    pieces = (tokenizer.decode([token], skip_special_tokens=False) for token in tokens)
-    return "".join(piece for piece in pieces if not _unprintable_byte(piece))
+    byte_level = json.loads(reference.tokenizer_json).get("decoder", {}) or {}
+    byte_level = byte_level.get("type") == "ByteLevel"
+    out = bytearray()
+    for token in tokens:
+        raw = token_bytes(tokenizer, token, byte_level)
+        if len(raw) == 1 and not (32 <= raw[0] < 127 or raw[0] in b" \t\n\v\f\r"):
+            continue
+        out += raw
+    return out.decode(errors="replace")
 
 
-def _unprintable_byte(piece: str) -> bool:
-    if "\ufffd" in piece:
-        return True
-    return len(piece) == 1 and ord(piece) < 128 and not (piece.isprintable() or piece.isspace())
+def token_bytes(tokenizer, token: int, byte_level: bool) -> bytes:
+    """The bytes a token stands for: a byte-fallback piece (``<0xAB>``), a byte-level BPE piece mapped back
+    through GPT-2's byte alphabet, or the decoded text."""
+    piece = tokenizer.id_to_token(token) or ""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return bytes([int(piece[3:5], 16)])
+    if byte_level and all(ch in _BYTE_OF for ch in piece):
+        return bytes(_BYTE_OF[ch] for ch in piece)
+    return tokenizer.decode([token], skip_special_tokens=False).encode()
+
+
+def _byte_alphabet() -> dict[str, int]:
+    # GPT-2's reversible map from bytes to printable characters, inverted.
+    kept = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in kept:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_alphabet()
 
 
 def same_text(a: str, b: str) -> bool:
-    """Whether the runner's answer and the file's own agree, bytes that are not UTF-8 aside."""
-    return a.replace("\ufffd", "") == b.replace("\ufffd", "")
+    """Whether the runner's answer and the file's own agree."""
+    return a == b
 
 
 def _checks(figures: dict, limits: dict) -> list[tuple[bool, str]]:
