@@ -915,10 +915,11 @@ def runner_generate(pte_path: str | Path, tokenizer_json: str | Path, prompt: Pr
 
 
 def runner_answer(pte_path: str | Path, reference: VisionLanguageReference) -> str:
-    """The runner's greedy answer to the first reference prompt."""
+    """The runner's greedy answer to the first reference prompt, at most :data:`NEW_TOKENS` tokens."""
     import tempfile
 
     with tempfile.TemporaryDirectory(prefix="hub-export-runner-") as scratch:
         path = Path(scratch) / "tokenizer.json"
         path.write_text(reference.tokenizer_json, encoding="utf-8")
-        return runner_generate(pte_path, path, reference.prompts[0], max(len(reference.answers[0]), 1))["text"]
+        # As many new tokens as the file's own greedy answer may have (not fp32's, which may stop sooner).
+        return runner_generate(pte_path, path, reference.prompts[0], NEW_TOKENS)["text"]
