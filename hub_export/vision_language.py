@@ -792,6 +792,18 @@ def _byte_alphabet() -> dict[str, int]:
 _BYTE_OF = _byte_alphabet()
 
 
+def _without_eos(text: str, reference: VisionLanguageReference) -> str:
+    """The runner's answer without what it prints on reaching an end token: the token's text and a newline."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(reference.tokenizer_json)
+    for eos in reference.eos:
+        ending = f"{tokenizer.id_to_token(eos)}\n"
+        if text.endswith(ending):
+            return text.removesuffix(ending)
+    return text
+
+
 def same_text(a: str, b: str) -> bool:
     """Whether the runner's answer and the file's own agree."""
     return a == b
@@ -860,6 +872,7 @@ def verify_variant(
     checks = _checks(figures, limits)
     if runner is not None:
         own = _decode(reference, answers[0])
+        runner = _without_eos(runner, reference)
         figures["runner_matches"] = float(same_text(runner, own))
         checks.append((not same_text(runner, own), f"MultimodalRunner answered {runner[:40]!r}, the file's own loop "
                        f"{own[:40]!r}"))  # fmt: skip
