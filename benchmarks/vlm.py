@@ -78,6 +78,7 @@ def main() -> None:
                 "prefill_seconds": round(prefill_seconds, 3),
                 "generated_tokens": stats["generated_tokens"],
                 "decode_tokens_per_s": round(stats["generated_tokens"] / decode_seconds, 1) if decode_seconds else None,
+                "runner_peak_rss_mb": round(stats.get("peak_rss_kib", 0) / 1024),
                 "verification": variant.verification.line(),
                 "perplexity_ratio": round(figures.get("perplexity_ratio", float("nan")), 3),
                 "fp32_perplexity": round(figures.get("fp32_perplexity", float("nan")), 2),
@@ -98,13 +99,15 @@ def main() -> None:
         f"`python -m benchmarks.vlm` on {record['machine']}; context {args.max_seq_len}, 8-bit embeddings; one drawn "
         f'512-px image and "{QUESTION}" (64 image tokens); timings from ExecuTorch\'s MultimodalRunner.',
         "",
-        "| file | size | vision encoder | prompt positions | prefill | decode | text perplexity vs fp32 | runner = own loop |",
-        "|---|---|---|---|---|---|---|---|",
+        "| file | size | vision encoder | prompt positions | prefill | decode | runner peak RSS | text perplexity vs fp32 "
+        "| runner = own loop |",
+        "|---|---|---|---|---|---|---|---|---|",
     ]
     for row in rows:
         lines.append(
             f"| `{row['file']}` | {row['size_mb']} MB | {row['vision_encoder_ms']} ms | {row['prompt_positions']} | "
-            f"{row['prefill_seconds']} s | {row['decode_tokens_per_s']} tok/s | x{row['perplexity_ratio']} "
+            f"{row['prefill_seconds']} s | {row['decode_tokens_per_s']} tok/s | {row['runner_peak_rss_mb']} MB | "
+            f"x{row['perplexity_ratio']} "
             f"(fp32 {row['fp32_perplexity']}) | {'yes' if row['runner_matches'] == 1.0 else 'no'} |"
         )
     lines += ["", f"Export and verification of all variants: {export_seconds:.0f} s.", ""]
