@@ -226,6 +226,12 @@ def generate(
         help="An image for a vision-language file (PNG, JPEG, WebP); repeat for several, in order before the prompt.",
         show_default=False,
     ),
+    threads: int | None = typer.Option(
+        None, help="Threads the file runs on (default: ExecuTorch's, the performance cores).", show_default=False
+    ),
+    ignore_eos: bool = typer.Option(
+        False, "--ignore-eos", help="Go on past end-of-text tokens to --max-new-tokens (for timing)."
+    ),
     temperature: float = typer.Option(0.0, help="Sampling temperature; 0 is greedy (the default)."),
     top_p: float = typer.Option(
         1.0, "--top-p", help="Nucleus sampling: keep the smallest set of tokens with this mass."
@@ -256,6 +262,8 @@ def generate(
         chat=chat,
         system=system,
         images=image or None,
+        threads=threads,
+        ignore_eos=ignore_eos,
         on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()),
     )
     sys.stdout.write("\n")

@@ -136,13 +136,17 @@ def stream_generate(
     chat: bool | None = None,
     system: str | None = None,
     images: list[str | Path] | None = None,
+    threads: int | None = None,
+    ignore_eos: bool = False,
 ) -> Iterator[GenerationResponse]:
     """Generate from ``prompt`` with a ``.pte``, yielding a :class:`GenerationResponse` per token.
 
     ``chat`` (default: whenever the model has a chat template) sends ``prompt`` as a
     user message through the template, with ``system`` as the system message.
     ``images`` (files) go before the prompt, for a vision-language file (:mod:`hub_export.vision_language`),
-    which also answers without images. ``sampling`` defaults to greedy. Bad arguments raise before the model is loaded.
+    which also answers without images. ``sampling`` defaults to greedy. ``threads`` sizes the threadpool the
+    file runs on (default: ExecuTorch's, the performance cores); ``ignore_eos`` goes on past end tokens to
+    ``max_new_tokens`` (for timing, as ``hub-export bench`` does). Bad arguments raise before the model is loaded.
 
     Example:
         >>> for response in stream_generate("out/model-8da4w.pte", "out", "Once upon a time", max_new_tokens=32):
@@ -156,12 +160,16 @@ def stream_generate(
     """
     import torch
 
+    from .patches import set_threads  # ExecuTorch's threadpool: sized when a file is run
     from .runtime import PteModel  # imports torch and ExecuTorch: only when a file is run
 
     sampling = sampling or Sampling()
     images = list(images or [])
+    if threads is not None and threads < 1:
+        raise InputError(f"{opt('threads')} must be at least 1", param="threads")
     tokenizer, chat = _check_arguments(Path(tokenizer_dir), max_new_tokens, sampling, chat, system)
     model = PteModel(pte_path)
+    set_threads(threads)
     if "vision_encoder" in model.methods:
         from . import vision_language  # the file's three methods and its prompt layout
 
@@ -182,7 +190,8 @@ def stream_generate(
         def step(token: int, position: int):
             return model.forward(torch.tensor([[token]], dtype=torch.long), start_pos=position)
 
-    yield from _stream(tokenizer, ids, max_len, eos, prefill, step, max_new_tokens, sampling, chat)
+    yield from _stream(tokenizer, ids, max_len, set() if ignore_eos else eos, prefill, step, max_new_tokens, sampling,
+                       chat)  # fmt: skip
 
 
 def _stream(tokenizer, ids, max_len, eos, prefill, step, max_new_tokens, sampling, chat):

@@ -94,3 +94,35 @@ def test_seed_makes_sampling_reproducible():
 def test_bad_sampling_settings_are_one_line(settings, message):
     with pytest.raises(InputError, match=message):
         Sampling(**settings).check()
+
+
+def test_ignore_eos_goes_on_to_max_new_tokens_and_threads_are_checked(tmp_path, capsys):
+    from helpers import run_cli
+
+    from hub_export.demo import build_tiny_model, tiny_llama_config, train_tokenizer
+    from hub_export.errors import InputError
+    from hub_export.export import export
+    from hub_export.generate import generate
+
+    export(str(build_tiny_model(tmp_path / "a")), tmp_path / "a-out", qmodes=["fp32"], verify=False, jobs=1)
+    eos = _first_token(tmp_path / "a-out", "Once upon a time")
+    # The same weights, with the token the model picks first as its end of text.
+    config = tiny_llama_config(vocab_size=train_tokenizer().get_vocab_size(), eos_token_id=eos)
+    export(str(build_tiny_model(tmp_path / "b", config=config)), tmp_path / "b-out", qmodes=["fp32"], verify=False,
+           jobs=1)  # fmt: skip
+    pte, folder = tmp_path / "b-out" / "model-fp32.pte", tmp_path / "b-out"
+    stopped = generate(pte, folder, "Once upon a time", max_new_tokens=8, chat=False)
+    assert stopped.stop_reason == "eos" and stopped.generated_tokens == 1
+    going = generate(pte, folder, "Once upon a time", max_new_tokens=8, chat=False, ignore_eos=True, threads=1)
+    assert going.stop_reason == "max_new_tokens" and going.generated_tokens == 8
+    code, _, err = run_cli(["generate", str(folder), "-p", "Once upon a time", "--no-chat", "--ignore-eos",
+                            "--threads", "2", "--max-new-tokens", "5"], capsys)  # fmt: skip
+    assert code == 0 and "generated 5 tok" in err and "max_new_tokens" in err
+    with pytest.raises(InputError, match="threads"):
+        generate(pte, folder, "Once upon a time", threads=0)
+
+
+def _first_token(folder, prompt: str) -> int:
+    from hub_export.generate import stream_generate
+
+    return next(iter(stream_generate(folder / "model-fp32.pte", folder, prompt, max_new_tokens=1, chat=False))).token
