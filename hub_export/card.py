@@ -285,6 +285,7 @@ def variant_facts(variant: Variant) -> dict[str, Any]:
         "quality_top1": _figure(quality.top1 if quality else None, ".0%"),
         "prefill_tps": _figure(check.speed("prefill"), ".0f"),
         "decode_tps": _figure(check.speed("decode"), ".0f"),
+        "speed_threads": check.runner_threads if check.speed("decode") and check.runner_threads else None,
         "int4_scales": (variant.recipe or {}).get("int4_scales"),
         "mixed": _mixed_line(variant),
         **memory_facts(variant),

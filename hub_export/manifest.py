@@ -573,6 +573,7 @@ class Verification:
     runner_generated_tokens: int | None = None
     runner_prefill_tokens_per_s: float | None = None
     runner_decode_tokens_per_s: float | None = None
+    runner_threads: int | None = None  # the threadpool the runner's rates were measured on
     failure: str | None = None
     quality: Quality | None = None
     # Figures of a task other than text generation, by name (sentence embeddings: the cosine
@@ -594,6 +595,7 @@ class Verification:
             passed=data.get("passed") is True,
             positions=_count(data.get("positions")),
             runner_generated_tokens=_count(data.get("runner_generated_tokens")),
+            runner_threads=_count(data.get("runner_threads")),
             failure=data["failure"][:300] if isinstance(data.get("failure"), str) else None,
             quality=Quality.from_dict(data.get("quality")),
             figures=_figures(data.get("figures")),

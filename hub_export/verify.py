@@ -352,6 +352,7 @@ class _Judgement:
             runner_generated_tokens=int(runner.get("generated_tokens", 0)),
             runner_prefill_tokens_per_s=runner.get("prefill_token_per_sec"),
             runner_decode_tokens_per_s=runner.get("decode_token_per_sec"),
+            runner_threads=runner.get("threads") if isinstance(runner.get("threads"), int) else None,
             failure=failure,
             quality=quality,
         )

@@ -64,6 +64,7 @@ def _variant(qmode: str, *, verified: bool = True, qembedding: str | None = None
             "runner_generated_tokens": 15,
             "runner_prefill_tokens_per_s": 2800.0,
             "runner_decode_tokens_per_s": 1500.0,
+            "runner_threads": 2,
             "failure": None,
         }
         if verified
@@ -154,7 +155,7 @@ def test_body_has_variants_usage_reproduction_and_limitations() -> None:
         "33.7 (1.50x fp32)",
         "60%",
         "0.024 / 100%",
-        "2800 / 1500",
+        "2800 / 1500 (2 threads)",
     ):
         assert figure in row
     assert "| `model-fp32.pte` | fp32 | none |" in body
