@@ -18,6 +18,7 @@ from typing import TYPE_CHECKING, Any
 from . import encoders, quantize, tasks
 from . import source as source_stage
 from .errors import VerificationError
+from .inspection import delegation_record, inspect_pte
 from .kv_cache import plan_layers
 from .lower import is_dynamic, runner_metadata, to_pte
 from .manifest import Variant, Verification, sha256_file
@@ -231,6 +232,7 @@ def _variant_record(
     """The manifest's record of the variant just written to ``path`` (with its ``.ptd``, if any)."""
     opts, mode = run.options, quantize.QMODES[qmode]
     data_path = path.with_suffix(".ptd") if opts.share_embeddings else None
+    delegation = delegation_record(inspect_pte(path))
     return Variant(
         file=path.name, qmode=qmode, qembedding=opts.qembedding, group_size=opts.group_size if mode.grouped else None,
         max_seq_len=run.max_seq_len, size_bytes=path.stat().st_size, sha256=sha256_file(path), metadata=metadata,
@@ -238,7 +240,7 @@ def _variant_record(
         data_file=data_path.name if data_path else None,
         data_size_bytes=data_path.stat().st_size if data_path else None,
         data_sha256=sha256_file(data_path) if data_path else None,
-        recipe=_recipe_record(mode, opts, plan), asked=opts.variant_settings(),
+        recipe=_recipe_record(mode, opts, plan), asked=opts.variant_settings(), delegation=delegation,
     )  # fmt: skip
 
 

@@ -22,7 +22,7 @@ from rich.table import Table
 from .archs import FAMILIES, markdown_table
 from .batch import fp32_weight_bytes, read_plan, run_batch, summary
 from .bug_log import as_bug
-from .card import human_size, remember_source_card, task_of, variant_facts, write_card
+from .card import human_size, memory_facts, remember_source_card, task_of, variant_facts, write_card
 from .classify import classify as classify_image
 from .embed import embed as embed_texts
 from .engines import engine as make_engine
@@ -32,7 +32,7 @@ from .export import export as run_export
 from .fill_mask import fill_mask as fill_masked
 from .generate import Sampling
 from .generate import generate as run_generate
-from .manifest import Manifest
+from .manifest import Manifest, Variant
 from .options import ExportOptions, option_fields
 from .process_env import prepare_pte_process
 from .pull import list_variants, pull
@@ -441,14 +441,18 @@ def inspect_command(
     metadata, size by part, and the manifest's verification."""
     import dataclasses
 
-    from .inspection import inspect_pte  # ExecuTorch: loaded when a file is inspected
+    from .inspection import delegation_line, inspect_pte  # ExecuTorch: loaded when a file is inspected
 
     quiet_torch()
     pte, folder = _locate_pte(target, variant, endpoint, token)
     summary = inspect_pte(pte)
-    checked = _manifest_line(Path(folder), pte.name)
+    recorded = _manifest_variant(Path(folder), pte.name)
+    checked = recorded.verification.line() if recorded else None
+    cache = memory_facts(recorded) if recorded and recorded.kv_cache else None
     if as_json:
-        typer.echo(json.dumps({**dataclasses.asdict(summary), "verification": checked}, default=str))
+        extra = {"verification": checked, "kv_cache": recorded.kv_cache if recorded else None,
+                 "delegation_at_export": recorded.delegation if recorded else None}  # fmt: skip
+        typer.echo(json.dumps({**dataclasses.asdict(summary), **extra}, default=str))
         return
     out.print(f"[bold]{escape(summary.file)}[/bold]  {human_size(summary.size_bytes)}  " + ", ".join(
         f"{part} {human_size(size)}" for part, size in summary.size_by_part.items()))  # fmt: skip
@@ -460,18 +464,22 @@ def inspect_command(
         table.add_row(method.name, escape(", ".join(method.inputs)), str(method.partitions), escape(outside or "-"))
     out.print(table)
     out.print("metadata: " + escape(", ".join(f"{name}={value}" for name, value in sorted(summary.metadata.items()))))
+    if cache:
+        out.print(escape(f"KV cache: {cache['kv_cache']}; context {cache['context']}; memory at full context "
+                         f"{cache['memory']}"))  # fmt: skip
     if checked:
         out.print(escape(f"manifest: {checked}"))
+    if recorded and recorded.delegation:
+        out.print(escape(f"delegation recorded at export: {delegation_line(recorded.delegation)}"))
 
 
-def _manifest_line(folder: Path, file: str) -> str | None:
-    """The manifest's verification line for ``file``, when the folder has a manifest that lists it."""
+def _manifest_variant(folder: Path, file: str) -> Variant | None:
+    """The manifest's record of ``file``, when the folder has a manifest that lists it."""
     try:
         manifest = Manifest.read(folder)
     except (OSError, ValueError):
         return None
-    chosen = next((v for v in manifest.variants if v.file == file), None)
-    return chosen.verification.line() if chosen else None
+    return next((v for v in manifest.variants if v.file == file), None)
 
 
 @app.command()

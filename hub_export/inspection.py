@@ -114,3 +114,24 @@ def inspect_pte(path: str | Path) -> PteSummary:
     program, named = read
     plans = [plan for plan in program.execution_plan if plan.name in model.methods]
     return PteSummary(path.name, size, [_method(plan) for plan in plans], model.metadata, _sizes(program, named, size))
+
+
+def delegation_record(summary: PteSummary) -> dict[str, Any]:
+    """The manifest's record of where ``summary``'s methods run: partitions and the operators outside them."""
+    return {
+        method.name: {"partitions": method.partitions, "outside": dict(list(method.outside.items())[:32])}
+        for method in summary.methods[:16]
+    }
+
+
+def delegation_line(record: dict[str, Any]) -> str:
+    """``forward: 1 XNNPACK partition, 3 operator calls outside (embedding 1, ...)``, one method after another."""
+    parts = []
+    for method, entry in record.items():
+        outside = entry.get("outside", {})
+        calls = sum(outside.values())
+        ops = ", ".join(f"{op.split('::')[-1]} {count}" for op, count in list(outside.items())[:4])
+        partitions = entry.get("partitions", 0)
+        parts.append(f"{method}: {partitions} XNNPACK partition{'s' if partitions != 1 else ''}, {calls} operator "
+                     f"call{'s' if calls != 1 else ''} outside" + (f" ({ops})" if ops else ""))  # fmt: skip
+    return "; ".join(parts)

@@ -55,6 +55,9 @@ class Variant:
     kv_cache: dict[str, Any] | None = None
     # Measured while verifying: hub_export.runtime.measure_memory's figures at full context.
     runtime_memory: dict[str, Any] | None = None
+    # Where each method's work runs (hub_export.inspection.delegation_record): XNNPACK partitions and the operator
+    # calls left outside them, so a slow file is diagnosable from its manifest alone.
+    delegation: dict[str, Any] | None = None
     # What the exporter asked for beyond the qmode (ExportOptions.variant_settings): a default
     # context stays "default" here, so the same request can be recognised again.
     asked: dict[str, Any] | None = None
@@ -260,6 +263,26 @@ def check_variant(where: str, index: int, data: Any) -> None:
     _check_recipe(where, f"{what}.recipe", data.get("recipe"))
     _check_memory(where, what, data)
     _check_asked(where, f"{what}.asked", data.get("asked"))
+    _check_delegation(where, f"{what}.delegation", data.get("delegation"))
+
+
+def _check_delegation(where: str, what: str, record: Any) -> None:
+    """Methods (at most 16) to ``{"partitions": count, "outside": {operator: count}}`` (at most 32 operators)."""
+    if record is None:
+        return
+    _check_type(where, what, record, dict, "an object")
+    if len(record) > 16:
+        raise _bad(where, what, "lists more than 16 methods")
+    for method, entry in record.items():
+        name = f"{what}.{str(method)[:40]}"
+        _check_type(where, name, entry, dict, "an object")
+        outside = entry.get("outside", {})
+        if set(entry) - {"partitions", "outside"} or _count(entry.get("partitions")) is None:
+            raise _bad(where, name, "is not {partitions, outside}")
+        if not isinstance(outside, dict) or len(outside) > 32:
+            raise _bad(where, f"{name}.outside", "is not a short object of operator counts")
+        if not all(isinstance(op, str) and len(op) <= 80 and _count(n) is not None for op, n in outside.items()):
+            raise _bad(where, f"{name}.outside", "is not a short object of operator counts")
 
 
 def _check_asked(where: str, what: str, asked: Any) -> None:

@@ -508,3 +508,16 @@ def test_unreachable_endpoint(tmp_path, capsys):
         ["export", "org/model", "-o", str(tmp_path / "out"), "--endpoint", "http://127.0.0.1:9"], capsys
     )
     assert code == 3 and "cannot reach" in error_line(err)
+
+
+def test_inspect_shows_the_kv_cache_and_the_manifest_keeps_the_delegation(exported_multi, capsys) -> None:
+    from helpers import run_cli
+
+    from hub_export.inspection import delegation_line
+    from hub_export.manifest import Manifest
+
+    code, out, _ = run_cli(["inspect", str(exported_multi), "--variant", "8da4w"], capsys)
+    assert code == 0 and "KV cache:" in out and "context 64 tokens" in out and "recorded at export: forward" in out
+    record = Manifest.read(exported_multi).variant("8da4w").delegation
+    assert record["forward"]["partitions"] >= 1 and "llama::update_cache" in record["forward"]["outside"]
+    assert delegation_line(record).startswith("forward: ")

@@ -74,6 +74,10 @@ def _publish(hub: LocalHubFixture, repo_id: str, manifest: dict | bytes | str, *
 # -- 1. the manifest schema ---------------------------------------------------------------
 
 BAD_VARIANTS = {
+    "delegation not an object": {"delegation": ["forward"]},
+    "delegation with a negative count": {"delegation": {"forward": {"partitions": -1, "outside": {}}}},
+    "delegation with text counts": {"delegation": {"forward": {"partitions": 1, "outside": {"aten::add": "many"}}}},
+    "delegation of too many methods": {"delegation": {f"m{i}": {"partitions": 1} for i in range(17)}},
     "absolute file": {"file": "/etc/victim.pte"},
     "parent file": {"file": "../../victim.pte"},
     "folder file": {"file": "sub/model.pte"},

@@ -258,6 +258,8 @@ def test_inspect_shows_methods_partitions_and_what_runs_outside_xnnpack(exported
     code, out, _ = run_cli(["inspect", str(exported_whisper), "--variant", "8da8w", "--json"], capsys)
     shown = json.loads(out)
     assert code == 0 and shown["verification"].startswith("verified KL") and len(shown["methods"]) == 3
+    # The same summary was recorded at export, so a file on the Hub is diagnosable from its manifest.
+    assert shown["delegation_at_export"]["text_decoder"]["outside"]["llama::update_cache"] == 4
     junk = tmp_path / "model.pte"
     junk.write_bytes(b"not a program" * 100)
     code, _, err = run_cli(["inspect", str(junk)], capsys)
