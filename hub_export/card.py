@@ -276,6 +276,7 @@ def variant_facts(variant: Variant) -> dict[str, Any]:
         "kl": "n/a" if check.skipped else _figure(check.mean_kl_vs_eager, ".2g"),
         "top1": "n/a" if check.skipped else _figure(check.top1_agreement, ".0%"),
         "quality": check.quality_cell() if check.figures else quality_cell(quality),
+        "second_quality": quality_cell(check.second_quality) if check.second_quality else None,
         "cosine_vs_eager": _figure((check.figures or {}).get("min_cosine_vs_eager"), ".4f"),
         "cosine_vs_fp32": _figure((check.figures or {}).get("mean_cosine_vs_fp32"), ".4f"),
         "min_cosine_vs_fp32": _figure((check.figures or {}).get("min_cosine_vs_fp32"), ".4f"),

@@ -599,6 +599,9 @@ class Verification:
     runner_threads: int | None = None  # the threadpool the runner's rates were measured on
     failure: str | None = None
     quality: Quality | None = None
+    # The same figures on a second shipped text of another register (technical documentation), so a recipe
+    # tuned to one kind of text shows what it costs on another.
+    second_quality: Quality | None = None
     # Figures of a task other than text generation, by name (sentence embeddings: the cosine
     # similarities to eager's and fp32's vectors and the nearest-neighbour agreement).
     figures: dict[str, float] | None = None
@@ -621,6 +624,7 @@ class Verification:
             runner_threads=_count(data.get("runner_threads")),
             failure=data["failure"][:300] if isinstance(data.get("failure"), str) else None,
             quality=Quality.from_dict(data.get("quality")),
+            second_quality=Quality.from_dict(data.get("second_quality")),
             figures=_figures(data.get("figures")),
             **{name: _finite(data.get(name)) for name in _VERIFICATION_FLOATS},
         )
@@ -631,9 +635,11 @@ class Verification:
         data = {
             name: _rounded(value)
             for name, value in asdict(self).items()
-            if name not in ("skipped", "quality", "figures")
+            if name not in ("skipped", "quality", "second_quality", "figures")
         }
         data["quality"] = self.quality.to_dict() if self.quality is not None else None
+        if self.second_quality is not None:
+            data["second_quality"] = self.second_quality.to_dict()
         if self.figures is not None:
             # six digits: a cosine of 0.99994 must not read as 1
             data["figures"] = {
@@ -681,6 +687,8 @@ class Verification:
         if self.skipped:
             return "skipped (--no-verify)"
         quality = self.quality.summary() if self.quality is not None else None
+        if quality is not None and self.second_quality is not None and self.second_quality.ratio is not None:
+            quality += f"; on technical text {self.second_quality.ratio:.2f}x fp32"
         if quality is None and self.task_words("quality") is not None:
             quality = self.quality_cell()
             quality += "" if "fp32" in quality else " vs fp32"

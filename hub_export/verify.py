@@ -38,6 +38,7 @@ VERIFY_PROMPT = "Once upon a time, in a small town by the sea, there lived"
 DECODE_STEPS = 8
 RUNNER_NEW_TOKENS = 16
 EVAL_TEXT = "eval_en.txt"
+SECOND_EVAL_TEXT = "eval_docs_en.txt"  # technical documentation: another register than the prose
 DEFAULT_QUALITY_TOKENS = 2048
 MAX_WINDOW = 512  # tokens per evaluation window (less when the cache is shorter)
 TOP_K = 128
@@ -118,6 +119,8 @@ class Sequences:
     prompt_len: int
     windows: list[torch.Tensor] = field(default_factory=list)  # each [1, n], fed from position 0
     text_name: str = EVAL_TEXT
+    second_windows: list[torch.Tensor] = field(default_factory=list)  # the second text's (quality only)
+    second_name: str = SECOND_EVAL_TEXT
     runner_prompt: str = VERIFY_PROMPT
     runner_new_tokens: int = RUNNER_NEW_TOKENS
 
@@ -133,6 +136,7 @@ class Reference:
     sequences: Sequences
     fp32_prompt_logits: torch.Tensor  # [positions, vocab]
     fp32_text: TokenStats | None
+    fp32_second: TokenStats | None = None
 
 
 @dataclass
@@ -143,8 +147,8 @@ class Expected:
     text: TokenStats | None
 
 
-def eval_text() -> str:
-    return resources.files("hub_export").joinpath("data", EVAL_TEXT).read_text(encoding="utf-8")
+def eval_text(name: str = EVAL_TEXT) -> str:
+    return resources.files("hub_export").joinpath("data", name).read_text(encoding="utf-8")
 
 
 def _eager_logits(model, tokens: torch.Tensor) -> torch.Tensor:
@@ -175,22 +179,32 @@ def build_sequences(
             for _ in range(steps):
                 next_id = model(input_ids=tokens).logits[0, -1].argmax()
                 tokens = torch.cat([tokens, next_id.view(1, 1)], dim=1)
-    windows = []
-    if quality_tokens > 0:
-        text_ids = tokenizer.encode(eval_text(), add_special_tokens=False).ids
-        prefix = _bos_prefix(tokenizer, bos_id)
-        body = min(max_seq_len, MAX_WINDOW) - len(prefix)
-        wanted, start = quality_tokens, 0
-        while wanted > 0 and body >= 2 and start + 2 <= len(text_ids):
-            # a window of n tokens yields n - 1 predictions (n with a BOS prefix)
-            take = min(body, wanted + (0 if prefix else 1), len(text_ids) - start)
-            chunk = prefix + text_ids[start : start + take]
-            windows.append(torch.tensor([chunk], dtype=torch.long))
-            wanted -= len(chunk) - 1
-            start += take
+    prefix = _bos_prefix(tokenizer, bos_id)
+    windows = _windows(tokenizer, eval_text(), quality_tokens, max_seq_len, prefix)
+    # The second text is scored on half as many tokens: it asks "does the recipe hold on other text", not
+    # "how good is the file", and each token is one runtime call.
+    second = _windows(tokenizer, eval_text(SECOND_EVAL_TEXT), quality_tokens // 2, max_seq_len, prefix)
     runner_prompt = _fitting_prompt(tokenizer, max_seq_len)
     runner_new_tokens = max(1, min(RUNNER_NEW_TOKENS, max_seq_len - len(tokenizer.encode(runner_prompt).ids)))
-    return Sequences(tokens, len(ids), windows, EVAL_TEXT, runner_prompt, runner_new_tokens)
+    return Sequences(tokens, len(ids), windows, EVAL_TEXT, second, SECOND_EVAL_TEXT, runner_prompt, runner_new_tokens)
+
+
+def _windows(tokenizer, text: str, quality_tokens: int, max_seq_len: int, prefix: list[int]) -> list[torch.Tensor]:
+    """``text`` cut into windows fed from position 0, ``quality_tokens`` predictions in all."""
+    windows: list[torch.Tensor] = []
+    if quality_tokens <= 0:
+        return windows
+    text_ids = tokenizer.encode(text, add_special_tokens=False).ids
+    body = min(max_seq_len, MAX_WINDOW) - len(prefix)
+    wanted, start = quality_tokens, 0
+    while wanted > 0 and body >= 2 and start + 2 <= len(text_ids):
+        # a window of n tokens yields n - 1 predictions (n with a BOS prefix)
+        take = min(body, wanted + (0 if prefix else 1), len(text_ids) - start)
+        chunk = prefix + text_ids[start : start + take]
+        windows.append(torch.tensor([chunk], dtype=torch.long))
+        wanted -= len(chunk) - 1
+        start += take
+    return windows
 
 
 def _text_stats(model, windows: list[torch.Tensor]) -> TokenStats | None:
@@ -214,7 +228,9 @@ def build_reference(
     """The sequences and fp32 eager's view of them (``model`` is the unquantized model)."""
     sequences = build_sequences(tokenizer_json, max_seq_len, quality_tokens, bos_id, model)
     prompt_logits = _eager_logits(model, sequences.prompt_tokens)[sequences.prompt_len - 1 :]
-    return Reference(sequences, prompt_logits, _text_stats(model, sequences.windows))
+    return Reference(
+        sequences, prompt_logits, _text_stats(model, sequences.windows), _text_stats(model, sequences.second_windows)
+    )
 
 
 def _fitting_prompt(tokenizer, max_seq_len: int) -> str:
@@ -331,6 +347,7 @@ class _Judgement:
             quant_top1_vs_fp32=_top1(eager, fp32_logits),
         )
         self.limits = dict(max_kl=MAX_MEAN_KL[kind], min_top1=MIN_TOP1[kind])
+        self.second_quality: Quality | None = None
         self.figures = dict(
             positions=eager.shape[0],
             mean_kl_vs_eager=float("nan"),
@@ -355,6 +372,7 @@ class _Judgement:
             runner_threads=runner.get("threads") if isinstance(runner.get("threads"), int) else None,
             failure=failure,
             quality=quality,
+            second_quality=self.second_quality,
         )
 
 
@@ -374,18 +392,21 @@ def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_j
         pte = PteModel(pte_path)
         prompt_rows = torch.stack(list(_pte_rows(pte, seq.prompt_tokens, seq.prompt_len, seq.prompt_tokens.shape[1])))
         text = _runtime_text(pte, seq.windows, reference.fp32_text, expected.text)
+        second = _runtime_text(pte, seq.second_windows, reference.fp32_second, None)
         del pte  # the runner below loads its own copy of the program
     except VerificationError as error:  # the file's own failure: it does not load, run or return logits
         return judgement.result(False, f"runtime error: {first_line(error)[:200]}")
     except Exception as error:  # anything else is hub-export's bug, not the file's
         raise as_bug(error, f"verifying {pte_path.name}") from error
-    if not torch.isfinite(prompt_rows).all() or (text is not None and not text.finite):
+    if not torch.isfinite(prompt_rows).all() or any(run is not None and not run.finite for run in (text, second)):
         return judgement.result(False, "the runtime produced non-finite logits")
 
     judgement.figures.update(_agreement(prompt_rows, expected, text, TIE_NATS[kind]))
     quality = None
     if reference.fp32_text is not None and text is not None:
         quality = _quality(seq.text_name, text, reference.fp32_text)
+    if reference.fp32_second is not None and second is not None:
+        judgement.second_quality = _quality(seq.second_name, second, reference.fp32_second)
     failure = _failure(judgement, kind)
     if failure:
         return judgement.result(False, failure, quality=quality)

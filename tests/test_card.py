@@ -65,6 +65,15 @@ def _variant(qmode: str, *, verified: bool = True, qembedding: str | None = None
             "runner_prefill_tokens_per_s": 2800.0,
             "runner_decode_tokens_per_s": 1500.0,
             "runner_threads": 2,
+            "second_quality": {
+                "text": "eval_docs_en.txt",
+                "tokens": 1024,
+                "perplexity": 40.1,
+                "fp32_perplexity": 27.0,
+                "ratio": 1.485,
+                "top1": 0.6,
+                "kl": 0.5,
+            },
             "failure": None,
         }
         if verified
@@ -152,7 +161,7 @@ def test_body_has_variants_usage_reproduction_and_limitations() -> None:
         "8w",
         "235.8 KB",
         "64 tokens",
-        "33.7 (1.50x fp32)",
+        "33.7 (1.50x fp32); technical text 40.1 (1.49x fp32)",
         "60%",
         "0.024 / 100%",
         "2800 / 1500 (2 threads)",

@@ -47,6 +47,9 @@ def test_manifest_records_what_a_user_needs(exported_multi):
         assert check.passed and check.mean_kl_vs_eager <= check.max_kl
         assert check.top1_within_ties >= check.min_top1 and check.runner_generated_tokens >= 1
         assert check.runner_threads is not None and check.runner_threads >= 1  # the rates say what ran them
+        second = check.second_quality  # the technical text, half as many tokens as the prose
+        assert second.text == "eval_docs_en.txt" and 0 < second.tokens <= check.quality.tokens
+        assert second.perplexity > 1 and second.fp32_perplexity > 1
         # every variant is scored on the evaluation text (random weights: perplexity near the vocabulary size)
         assert check.quality.tokens >= 2000 and check.quality.perplexity > 1
     assert manifest.variant("8da4w").group_size == 32 and manifest.variant("fp32").group_size is None

@@ -127,3 +127,19 @@ def test_the_card_plots_size_against_quality_for_three_variants():
     png = frontier_png(three)
     assert png.startswith(b"\x89PNG") and png == frontier_png(three)  # same figures, same bytes
     assert f"]({FRONTIER_PLOT})" in render_card(three)
+
+
+def test_the_calibration_and_both_evaluation_texts_share_no_passage() -> None:
+    """Recipes are tuned on calib_en.txt only; a passage in two files would let tuning leak into the figures."""
+    import itertools
+    import re
+    from importlib import resources
+
+    def shingles(name: str) -> set[tuple[str, ...]]:
+        words = re.findall(r"[a-z0-9']+", resources.files("hub_export").joinpath("data", name).read_text().lower())
+        return {tuple(words[i : i + 8]) for i in range(len(words) - 7)}
+
+    texts = {name: shingles(name) for name in ("calib_en.txt", "eval_en.txt", "eval_docs_en.txt")}
+    assert all(len(found) > 500 for found in texts.values())
+    for (a, first), (b, second) in itertools.combinations(texts.items(), 2):
+        assert not first & second, (a, b, sorted(first & second)[:3])
