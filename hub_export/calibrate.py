@@ -108,13 +108,37 @@ def budget_label(options: ExportOptions) -> str:
     )
 
 
-def calibration_ids(tokenizer_json: Path, tokens: int) -> torch.Tensor:
+def calibration_ids(tokenizer_json: Path, tokens: int, text_file: str | None = None) -> tuple[torch.Tensor, int]:
+    """The first ``tokens`` token ids of the calibration text (the user's ``text_file``, or the shipped prose), and
+    how many tokens the whole text has.
+
+    Raises:
+        InputError: the user's text has fewer than ``tokens`` tokens.
+    """
     import torch
     from tokenizers import Tokenizer
 
-    text = resources.files("hub_export").joinpath("data", CALIBRATION_TEXT).read_text(encoding="utf-8")
-    ids = Tokenizer.from_file(str(tokenizer_json)).encode(text).ids[:tokens]
-    return torch.tensor([ids])
+    from .errors import InputError, opt
+    from .options import read_calibration_text
+
+    if text_file is None:
+        text = resources.files("hub_export").joinpath("data", CALIBRATION_TEXT).read_text(encoding="utf-8")
+    else:
+        text = read_calibration_text(text_file)
+    ids = Tokenizer.from_file(str(tokenizer_json)).encode(text).ids
+    if len(ids) < tokens:
+        raise InputError(f"{opt('calibration_text')}: the text is {len(ids)} tokens; the calibration reads {tokens}",
+                         param="calibration_text")  # fmt: skip
+    return torch.tensor([ids[:tokens]]), len(ids)
+
+
+def text_label(text_file: str | None, total_tokens: int) -> str:
+    """How the plan names its calibration text: the shipped file's name, or the user's text by its sha256."""
+    if text_file is None:
+        return CALIBRATION_TEXT
+    from .options import calibration_text_digest
+
+    return f"your calibration text (sha256 {calibration_text_digest(text_file)}, {total_tokens} tokens)"
 
 
 def _linears(model: torch.nn.Module, group_size: int) -> dict[str, torch.nn.Module]:
@@ -213,7 +237,7 @@ def plan_mixed(
     if not options.calibration:
         return MixedPlan(calibrated=False)
     started = time.perf_counter()
-    ids = calibration_ids(tokenizer_json, tokens)
+    ids, total = calibration_ids(tokenizer_json, tokens, options.calibration_text)
     linears = _linears(model, options.group_size)
     swapper = _Swapper(linears)
     reference = _logprobs(model, ids)
@@ -254,6 +278,7 @@ def plan_mixed(
         budget=budget,
         size_ratio=1.0 + added / plain,
         ppl_ratio=ppl_ratio,
+        text=text_label(options.calibration_text, total),
         tokens=int(ids.shape[1]),
         seconds=time.perf_counter() - started,
     )

@@ -210,6 +210,15 @@ class ExportOptions:
     calibration: bool = _option(
         True, help="--qmode mixed: measure each layer's sensitivity on the calibration text (off: plain int4)."
     )
+    calibration_text: str | None = _option(
+        None,
+        "--calibration-text",
+        show_default=False,
+        reproduce=False,  # a path on the exporter's machine: the manifest records the text's sha256 instead
+        help="--qmode mixed: measure each layer's sensitivity on this UTF-8 text file (your own domain's text, as an "
+        "importance matrix does for GGUF) instead of the shipped English prose; the manifest and card record its "
+        "sha256 and token count, never its content.",
+    )
     quality_tokens: int = _option(
         DEFAULT_QUALITY_TOKENS,
         "--quality-tokens",
@@ -363,6 +372,14 @@ class ExportOptions:
                 param=budgets[0],
                 hint="drop one of them",
             )
+        if self.calibration_text is not None:
+            if not calibrated:
+                raise InputError(f"{opt('calibration_text')} calibrates {opt('qmodes')} mixed; add it, or drop the "
+                                 "text", param="calibration_text")  # fmt: skip
+            if not self.calibration:
+                raise InputError(f"{opt('calibration_text')} needs the calibration that {opt('no_calibration')} turns "
+                                 "off; drop one of them", param="calibration_text")  # fmt: skip
+            read_calibration_text(self.calibration_text)
         if self.max_size_ratio is not None and not 1.0 <= self.max_size_ratio <= 4.0:
             raise InputError(
                 f"{opt('max_size_ratio')} must be between 1.0 (plain 8da4w's size) and 4.0 (got {self.max_size_ratio})",
@@ -425,11 +442,14 @@ class ExportOptions:
         where the source comes from (its fingerprint decides), what the card declares, and
         what changes only how the work is done (jobs, verification, permissions).
         """
-        return {
+        settings = {
             spec.name: list(value) if isinstance(value := getattr(self, spec.name), tuple) else value
             for spec in dataclasses.fields(self)
             if spec.name not in _NOT_VARIANT_SETTINGS
         }
+        if self.calibration_text is not None:  # what decides the plan is the text, not where it lies
+            settings["calibration_text"] = "sha256:" + calibration_text_digest(self.calibration_text)
+        return settings
 
     def command(self, source: str, verb: str = "export") -> str:
         """The shell command that reproduces these files from ``source``."""
@@ -521,3 +541,44 @@ __all__ = [
     "variant_filename",
     "DEFAULT_QUALITY_TOKENS",
 ]
+
+
+MAX_CALIBRATION_BYTES = 20_000_000
+MIN_CALIBRATION_WORDS = 128  # the calibration reads 128 tokens; a word is at least one
+
+
+def read_calibration_text(path: str) -> str:
+    """The user's calibration text, checked: a readable UTF-8 text file of at least 128 words, at most 20 MB.
+
+    Raises:
+        InputError: missing, too large, binary, not UTF-8, empty or too short; the message says which.
+    """
+    from pathlib import Path
+
+    file = Path(path)
+    name = opt("calibration_text")
+    if not file.is_file():
+        raise InputError(f"{name}: no file at {path}", param="calibration_text")
+    if file.stat().st_size > MAX_CALIBRATION_BYTES:
+        raise InputError(f"{name}: {file.name} is over 20 MB; a few thousand words of your text are enough",
+                         param="calibration_text")  # fmt: skip
+    raw = file.read_bytes()
+    if b"\x00" in raw:
+        raise InputError(f"{name}: {file.name} is binary, not text; pass a UTF-8 text file", param="calibration_text")
+    try:
+        text = raw.decode("utf-8")
+    except UnicodeDecodeError:
+        raise InputError(f"{name}: {file.name} is not UTF-8; save it as UTF-8 text", param="calibration_text") from None
+    words = len(text.split())
+    if words < MIN_CALIBRATION_WORDS:
+        raise InputError(f"{name}: {file.name} has {words} words; the calibration reads {MIN_CALIBRATION_WORDS} "
+                         f"tokens, give at least {MIN_CALIBRATION_WORDS} words", param="calibration_text")  # fmt: skip
+    return text
+
+
+def calibration_text_digest(path: str) -> str:
+    """The sha256 of the calibration text's bytes (what the manifest records instead of the text)."""
+    import hashlib
+    from pathlib import Path
+
+    return hashlib.sha256(Path(path).read_bytes()).hexdigest()

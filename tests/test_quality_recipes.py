@@ -143,3 +143,47 @@ def test_the_calibration_and_both_evaluation_texts_share_no_passage() -> None:
     assert all(len(found) > 500 for found in texts.values())
     for (a, first), (b, second) in itertools.combinations(texts.items(), 2):
         assert not first & second, (a, b, sorted(first & second)[:3])
+
+
+def test_the_users_calibration_text_drives_the_plan_and_only_its_digest_is_kept(fp32_model, tiny_model, tmp_path):
+    import hashlib
+
+    from hub_export.calibrate import plan_mixed
+
+    domain = tmp_path / "domain.txt"
+    # Code, not prose: another text measures other sensitivities.
+    domain.write_text("def main():\n    print('hello, world')\n    return 0\n" * 60, encoding="utf-8")
+    digest = hashlib.sha256(domain.read_bytes()).hexdigest()
+    options = ExportOptions(qmodes=("mixed",), max_size_ratio=1.1, calibration_text=str(domain))
+    plan = plan_mixed(fp32_model, tiny_model / "tokenizer.json", options, tokens=48)
+    shipped = plan_mixed(fp32_model, tiny_model / "tokenizer.json", ExportOptions(qmodes=("mixed",),
+                         max_size_ratio=1.1), tokens=48)  # fmt: skip
+    assert plan.text.startswith(f"your calibration text (sha256 {digest}, ") and shipped.text == "calib_en.txt"
+    assert plan.ppl_ratio != shipped.ppl_ratio  # the measurement ran on the user's text
+    assert options.variant_settings()["calibration_text"] == f"sha256:{digest}"  # no path in the manifest
+    assert "--calibration-text" not in options.command("acme/m")  # nor in the card's command
+    assert str(domain) not in plan.summary()
+
+
+@pytest.mark.parametrize(
+    "content, message",
+    [
+        (None, "--calibration-text: no file at"),
+        (b"", "has 0 words"),
+        (b"short text " * 10, "has 20 words; the calibration reads 128 tokens"),
+        (b"\x00\x01binary" * 200, "is binary, not text"),
+        ("caf\u00e9 ".encode("latin-1") * 200, "is not UTF-8"),
+    ],
+    ids=["missing", "empty", "short", "binary", "latin-1"],
+)
+def test_a_calibration_text_that_cannot_work_is_refused_before_any_work(content, message, tmp_path):
+    path = tmp_path / "calibration.txt"
+    if content is not None:
+        path.write_bytes(content)
+    with pytest.raises(InputError) as refused:
+        ExportOptions(qmodes=("mixed",), calibration_text=str(path))
+    assert message in str(refused.value) and "\n" not in str(refused.value)
+    text = "word " * 200
+    path.write_text(text)
+    with pytest.raises(InputError, match="calibrates --qmode mixed"):
+        ExportOptions(qmodes=("8da4w",), calibration_text=str(path))
