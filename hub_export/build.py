@@ -163,6 +163,7 @@ def _build_encoder_variant(run: RunState, qmode: str, last: bool) -> Variant:
     run.say(f"[{name}] exporting with torch.export ({task.takes})", "export", name)
     program = stages.export(wrapped, run.max_seq_len)
     metadata = stages.metadata(model, folder, run.max_seq_len)
+    kv_cache = stages.kv_cache_record(model, run.max_seq_len) if hasattr(stages, "kv_cache_record") else None
     del wrapped, model
     if last:
         run.model = None
@@ -184,7 +185,12 @@ def _build_encoder_variant(run: RunState, qmode: str, last: bool) -> Variant:
         verification = encoders.verify_variant(task, path, expected, reference, mode, opts.qembedding)
         if not verification.passed:
             raise VerificationError(f"{name} failed verification: {verification.failure}")
-    return _variant_record(run, qmode, path, metadata, verification, seconds, fallback)
+    record = _variant_record(run, qmode, path, metadata, verification, seconds, fallback)
+    record.kv_cache = kv_cache
+    if reference is not None and hasattr(stages, "measure_memory"):
+        run.say(f"[{name}] measuring memory at full context ({run.max_seq_len} positions)", "note", name)
+        record.runtime_memory = stages.measure_memory(path, reference)
+    return record
 
 
 def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:

@@ -25,6 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from . import quantize
+from .errors import InputError, opt
+from .options import calibration_text_digest, read_calibration_text
 
 if TYPE_CHECKING:
     import torch
@@ -118,9 +120,6 @@ def calibration_ids(tokenizer_json: Path, tokens: int, text_file: str | None = N
     import torch
     from tokenizers import Tokenizer
 
-    from .errors import InputError, opt
-    from .options import read_calibration_text
-
     if text_file is None:
         text = resources.files("hub_export").joinpath("data", CALIBRATION_TEXT).read_text(encoding="utf-8")
     else:
@@ -136,8 +135,6 @@ def text_label(text_file: str | None, total_tokens: int) -> str:
     """How the plan names its calibration text: the shipped file's name, or the user's text by its sha256."""
     if text_file is None:
         return CALIBRATION_TEXT
-    from .options import calibration_text_digest
-
     return f"your calibration text (sha256 {calibration_text_digest(text_file)}, {total_tokens} tokens)"
 
 

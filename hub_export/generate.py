@@ -126,6 +126,7 @@ class GenerationResponse:
         )
 
 
+# Over 60 lines: the docstring's example and the two kinds of file (text, vision-language) set up before one loop.
 def stream_generate(
     pte_path: str | Path,
     tokenizer_dir: str | Path,

@@ -38,6 +38,7 @@ def main() -> None:
             pixels = bytearray(Path(part["image"]).read_bytes())
             inputs.append(make_image_input(torch.frombuffer(pixels, dtype=torch.uint8).view(3, size, size)))
     stats: list[dict] = []
+    baseline = _status("VmRSS")  # before the file loads: what the imports hold
     runner = MultimodalRunner(pte, tokenizer)
     runner.generate(
         inputs,
@@ -46,11 +47,18 @@ def main() -> None:
     )
     sys.stdout.flush()
     result = stats[-1] if stats else {}
-    with open("/proc/self/status") as status:  # the process's peak resident memory (it ran only this file)
-        for line in status:
-            if line.startswith("VmHWM:"):
-                result["peak_rss_kib"] = int(line.split()[1])
+    # The process's peak resident memory (it ran only this file), and what it held before loading it.
+    result["peak_rss_kib"], result["baseline_rss_kib"] = _status("VmHWM"), baseline
     Path(out).write_text(json.dumps(result))
+
+
+def _status(field: str) -> int:
+    """A memory figure of this process in KiB, from /proc/self/status."""
+    with open("/proc/self/status") as status:
+        for line in status:
+            if line.startswith(field + ":"):
+                return int(line.split()[1])
+    return 0
 
 
 if __name__ == "__main__":

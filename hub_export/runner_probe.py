@@ -33,12 +33,6 @@ def main() -> None:
     )
     result = stats[-1] if stats else {}
     result["mkl_num_threads"] = os.environ.get("MKL_NUM_THREADS")  # the layout the rates were measured in
-    try:  # the threadpool the runner ran on (ExecuTorch's default: the performance cores)
-        from executorch.extension.pybindings import portable_lib
-
-        result["threads"] = int(portable_lib._threadpool_get_thread_count())
-    except (ImportError, AttributeError):
-        pass
     Path(out).write_text(json.dumps(result))
 
 

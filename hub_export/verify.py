@@ -31,6 +31,7 @@ import torch
 from .bug_log import as_bug
 from .errors import VerificationError, first_line
 from .manifest import Quality, Verification
+from .patches import set_threads
 from .runtime import PteModel, runner_generate
 from .wrap import eager_attention
 
@@ -417,6 +418,8 @@ def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_j
         return judgement.result(False, f"TextLLMRunner failed: {first_line(error)[:200]}", quality=quality)
     except Exception as error:
         raise as_bug(error, f"running {pte_path.name} in TextLLMRunner") from error
+    # The runner ran on ExecuTorch's default threadpool (the performance cores), as sized in this process too.
+    stats.setdefault("threads", set_threads(None))
     generated = int(stats.get("generated_tokens", 0))
     # The runner counts tokens after the first; a context with room for one new token
     # (--max-seq-len 2) can only prove the program runs.

@@ -920,6 +920,35 @@ def runner_generate(pte_path: str | Path, tokenizer_json: str | Path, prompt: Pr
         return {"text": text.removesuffix("\n"), "stats": json.loads(out.read_text())}
 
 
+def measure_memory(pte_path: str | Path, reference: VisionLanguageReference) -> dict[str, Any]:
+    """The runner's memory at full context: an image and enough text to fill every cache position but the last,
+    then one new token; the growth of the runner process's peak resident memory over what its imports held."""
+    import tempfile
+    import time
+
+    from .runtime import PteModel  # the ExecuTorch runtime: loaded when a file is run
+
+    metadata = PteModel(pte_path).metadata
+    max_seq_len, image_tokens = int(metadata["get_max_seq_len"]), int(metadata["get_image_tokens"])
+    filler = max_seq_len - image_tokens - 2
+    text = (reference.text_ids * (filler // max(len(reference.text_ids), 1) + 1))[:filler]
+    image = reference.prompts[0].images[0]
+    prompt = Prompt([text, 0], [image])
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="hub-export-memory-") as scratch:
+        path = Path(scratch) / "tokenizer.json"
+        path.write_text(reference.tokenizer_json, encoding="utf-8")
+        stats = runner_generate(pte_path, path, prompt, 1)["stats"]
+    growth = (stats.get("peak_rss_kib", 0) - stats.get("baseline_rss_kib", 0)) * 1024
+    return {"peak_rss_bytes": max(growth, 0), "context_tokens": max_seq_len,
+            "seconds": round(time.perf_counter() - started, 2)}  # fmt: skip
+
+
+def kv_cache_record(model: nn.Module, max_seq_len: int) -> dict[str, Any]:
+    """The text decoder's KV cache layout, as a text-generation file's manifest records it."""
+    return {**plan_layers(model.config.get_text_config(), max_seq_len).to_dict(), "sliding": "ring"}
+
+
 def runner_answer(pte_path: str | Path, reference: VisionLanguageReference) -> str:
     """The runner's greedy answer to the first reference prompt, at most :data:`NEW_TOKENS` tokens."""
     import tempfile

@@ -58,7 +58,7 @@ def test_a_task_not_exported_yet_is_refused_by_name() -> None:
     assert str(refused.value) == (
         "BertForSequenceClassification is a text-classification model, which hub-export does not export yet; "
         "supported tasks: text-generation, feature-extraction, automatic-speech-recognition, text2text-generation, "
-        "fill-mask, image-classification (see `hub-export archs`)"
+        "fill-mask, image-classification, image-text-to-text (see `hub-export archs`)"
     )
 
 

@@ -152,7 +152,7 @@ def test_qmode_encoder_applies_to_speech_only(tiny_whisper, tmp_path) -> None:
     from hub_export.demo import build_tiny_masked_lm
     from hub_export.export import export
 
-    with pytest.raises(InputError, match="--qmode-encoder applies to encoder-decoder models"):
+    with pytest.raises(InputError, match="--qmode-encoder applies to models with an encoder"):
         export(str(build_tiny_masked_lm(tmp_path / "mlm")), tmp_path / "out", qmode_encoder="8da8w")
     with pytest.raises(InputError, match="unknown --qmode-encoder 'int3'"):
         export(str(tiny_whisper), tmp_path / "out2", qmode_encoder="int3")

@@ -95,6 +95,9 @@ def test_the_file_has_the_runners_methods_and_is_verified(exported_vlm) -> None:
         assert figures["min_feature_cosine"] >= figures["min_feature_cosine_required"]
         assert figures["perplexity"] > 1 and figures["fp32_perplexity"] > 1
     assert "image cosine" in manifest.variant("8da4w").verification.summary()
+    fp32 = manifest.variant("fp32")  # memory measured at full context, image included
+    assert fp32.runtime_memory["context_tokens"] == 128 and fp32.runtime_memory["peak_rss_bytes"] > fp32.size_bytes
+    assert fp32.kv_cache["layers"] == 2 and fp32.kv_cache["bytes_at_full_context"] > 0
     assert "text perplexity" in manifest.variant("8da4w").verification.quality_cell()
 
 
@@ -216,6 +219,7 @@ def test_the_card_push_pull_and_preview(exported_vlm, drawn_images, local_hub, t
     assert "MultimodalRunner" in card.text and "make_image_input" in card.text and "resize((64, 64))" in card.text
     assert '"<fake_token_around_image><global-img>"' not in card.text  # the markers follow the chat turn's text
     assert "<global-img>" in card.text and "Image KL, top-1 vs fp32" in card.text
+    assert "Memory at full context" in card.text and "| ~" not in card.text  # measured, not estimated
     pulled = pull(repo_id, variant="8da4w", output_dir=tmp_path / "pulled", endpoint=local_hub.endpoint,
                   token=local_hub.alice_token)  # fmt: skip
     assert (pulled / "preprocessor_config.json").is_file() and (pulled / "tokenizer.json").is_file()
@@ -250,6 +254,10 @@ def test_the_other_families_export_verified_files_the_runner_takes(model_type, t
     from hub_export.manifest import Manifest
 
     out = tmp_path / "out"
-    export(str(build_tiny_vlm(tmp_path / model_type, model_type)), out, qmodes=["8da4w"], max_seq_len=128, jobs=1)
+    # The vision tower and connector may take their own qmode (--qmode-encoder).
+    encoder = "8da8w" if model_type == "internvl" else None
+    export(str(build_tiny_vlm(tmp_path / model_type, model_type)), out, qmodes=["8da4w"], max_seq_len=128, jobs=1,
+           qmode_encoder=encoder)  # fmt: skip
     variant = Manifest.read(out).variants[0]
     assert variant.verification.verified and variant.verification.figures["runner_matches"] == 1.0
+    assert variant.asked["qmode_encoder"] == encoder
