@@ -413,3 +413,16 @@ def test_the_machine_names_its_vector_isa_because_it_picks_the_kernels():
     assert machine_description(zen4).startswith("AMD EPYC 9R14 (AVX-512 VNNI), ")
     assert machine_description(zen2).startswith("AMD EPYC 7R32 (AVX2), ")
     assert "(" not in machine_description("model name : Plain CPU\nflags : fpu sse\n")
+
+
+def test_the_vlm_snippets_text_from_a_chat_template_cannot_leave_its_code_block():
+    """The text around the image comes from the source repo's chat template: hostile."""
+    import ast
+
+    from hub_export.card import _python_string
+
+    hostile = 'User:```\n</code><script>alert(1)</script>"; import os; os.system("x") #'
+    literal = _python_string(hostile)
+    assert "`" not in literal and "\n" not in literal
+    assert ast.literal_eval(literal) == hostile  # still the same text once Python reads it
+    assert _python_string(None) == '""' and len(_python_string("x" * 10_000)) < 500
