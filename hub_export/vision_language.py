@@ -30,6 +30,7 @@ perplexity) and runs one image through ``MultimodalRunner`` itself.
 
 from __future__ import annotations
 
+import contextlib
 import json
 import math
 from collections.abc import Callable
@@ -53,6 +54,7 @@ from .manifest import Verification
 from .patches import delegable_norms, delegable_rotary, forget_compiled_globals
 from .process_env import pte_process_env
 from .quantize import QMode
+from .speech import delegable_layer_norms
 from .verify import MAX_MEAN_KL, MIN_TOP1, TIE_NATS, eval_text  # the text decoder's bounds, one definition
 from .wrap import ATTENTION_NAME, needs_strict_tracing, register_attention, rotary_dims, rotate_half_weight
 
@@ -97,9 +99,10 @@ def _idefics3_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
     tower = model.model.vision_model
     patches = tower.embeddings.patch_embedding(pixels).flatten(2).transpose(1, 2)
     positions = torch.arange(patches.shape[1], device=pixels.device).unsqueeze(0)
-    hidden = patches + tower.embeddings.position_embedding(positions)
+    # contiguous: the patches are a transposed view, and the connector's pixel shuffle views its input
+    hidden = (patches + tower.embeddings.position_embedding(positions)).contiguous()
     hidden = tower.encoder(inputs_embeds=hidden).last_hidden_state
-    return model.model.connector(tower.post_layernorm(hidden))
+    return model.model.connector(tower.post_layernorm(hidden).contiguous())
 
 
 def _llava_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
@@ -331,14 +334,21 @@ def wrap(model: nn.Module, folder: Path, max_seq_len: int = DEFAULT_SEQ_LEN) -> 
 
 
 def export(wrapped: VisionLanguageModel, max_seq_len: int) -> dict[str, torch.export.ExportedProgram]:
-    """The three methods: a fixed image size, a dynamic number of tokens (prefill) for the other two."""
+    """The three methods: a fixed image size, a dynamic number of tokens (prefill) for the other two.
+
+    The vision tower is traced with transformers' eager attention (matmul, softmax, matmul) and its LayerNorms in
+    the 4D shape XNNPACK delegates: SDPA's decomposition leaves mask arithmetic (``eq``, ``any``, ``where``) and
+    ``native_layer_norm`` outside XNNPACK, which split SmolVLM's 12-layer tower into 50 partitions.
+    """
     tokens = torch.export.Dim("tokens", min=1, max=wrapped.text_decoder.max_seq_len - 1)
     image = torch.zeros(1, 3, wrapped.image_size, wrapped.image_size, dtype=torch.uint8)
     ids = torch.zeros(1, 2, dtype=torch.long)
     with torch.no_grad(), delegable_norms(wrapped), delegable_rotary(wrapped.text_decoder), forget_compiled_globals():
         embeds = wrapped.token_embedding(ids)
+        with vision_attention(wrapped, "eager"), delegable_layer_norms(wrapped.vision_encoder):
+            vision = torch.export.export(wrapped.vision_encoder, (image,), strict=False)
         programs = {
-            "vision_encoder": torch.export.export(wrapped.vision_encoder, (image,), strict=False),
+            "vision_encoder": vision,
             "token_embedding": torch.export.export(
                 wrapped.token_embedding, (ids,), dynamic_shapes=({1: tokens},), strict=False
             ),
@@ -351,6 +361,18 @@ def export(wrapped: VisionLanguageModel, max_seq_len: int) -> dict[str, torch.ex
         }
     _zero_cache(wrapped)
     return programs
+
+
+@contextlib.contextmanager
+def vision_attention(wrapped: VisionLanguageModel, name: str):
+    """Run the vision tower with attention implementation ``name`` (transformers reads it at every forward)."""
+    config = wrapped.config.vision_config
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
 
 
 def _strict(layout) -> bool:
