@@ -110,7 +110,7 @@ def main() -> None:
             f"x{row['perplexity_ratio']} "
             f"(fp32 {row['fp32_perplexity']}) | {'yes' if row['runner_matches'] == 1.0 else 'no'} |"
         )
-    lines += ["", f"Export and verification of all variants: {export_seconds:.0f} s.", ""]
+    lines += [""]
     lines += [f"- `{row['file']}`: {row['verification']}" for row in rows]
     (RESULTS / f"{NAME}.md").write_text("\n".join(lines) + "\n")
     print("\n".join(lines))
