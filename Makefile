@@ -4,7 +4,7 @@ PY := $(VENV)/bin/python
 PIP := $(VENV)/bin/pip
 STAMP := $(VENV)/.installed
 
-.PHONY: install test test-extended test-real test-cluster test-peer test-all lint docs demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv bench-embeddings bench-llamacpp clean
+.PHONY: install test test-extended test-real test-cluster test-peer test-all lint docs demo demo-quick space bench bench-recipes bench-peer bench-cluster bench-kv bench-embeddings bench-llamacpp bench-vlm clean
 
 $(STAMP): pyproject.toml constraints.txt
 	python3 -m venv $(VENV)
@@ -87,6 +87,10 @@ bench-cluster: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.cluster_speedup
 
 # Sentence embeddings: the real all-MiniLM-L6-v2 exported, then texts/s of each .pte against eager at 32 and 128 tokens.
+# A vision-language file at real widths: SmolVLM-256M's shape around the real SmolLM2-135M-Instruct.
+bench-vlm: $(STAMP)
+	$(PY) -m benchmarks.vlm
+
 bench-embeddings: $(STAMP)
 	$(PY) -m benchmarks.embeddings
 

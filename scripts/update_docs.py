@@ -32,6 +32,7 @@ SECTIONS = {
     "sdpa-threads": "sdpa-threads",
     "bench-kv": "kv-cache",
     "bench-embeddings": "minilm-embeddings",
+    "bench-vlm": "vlm-smolvlm-shaped",
 }
 # docs/img/<name> <- benchmarks/results/<name>
 IMAGES = ("quant-recipes.png",)
