@@ -34,7 +34,7 @@ import contextlib
 import json
 import math
 from collections.abc import Callable
-from dataclasses import dataclass, field
+from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
 
@@ -144,6 +144,14 @@ def _internvl_tokens(config) -> int:
     return int(patches * config.downsample_ratio**2)
 
 
+def _tower_and_projector(model: nn.Module) -> nn.Module:
+    return nn.ModuleList([model.model.vision_tower, model.model.multi_modal_projector])
+
+
+def _language_model(model: nn.Module) -> nn.Module:
+    return model.model.language_model
+
+
 IDEFICS3 = Family(
     name="Idefics3 / SmolVLM",
     model_types=("idefics3", "smolvlm"),
@@ -160,17 +168,17 @@ LLAVA = Family(
     name="LLaVA",
     model_types=("llava",),
     image_features=_llava_features,
-    vision_module=lambda model: nn.ModuleList([model.model.vision_tower, model.model.multi_modal_projector]),
-    language_model=lambda model: model.model.language_model,
+    vision_module=_tower_and_projector,
+    language_model=_language_model,
     image_tokens=_llava_tokens,
-    image_size=lambda config: int(config.vision_config.image_size),
+    image_size=lambda config: _side(config.vision_config.image_size),
 )
 INTERNVL = Family(
     name="InternVL",
     model_types=("internvl",),
     image_features=_internvl_features,
-    vision_module=lambda model: nn.ModuleList([model.model.vision_tower, model.model.multi_modal_projector]),
-    language_model=lambda model: model.model.language_model,
+    vision_module=_tower_and_projector,
+    language_model=_language_model,
     image_tokens=_internvl_tokens,
     image_size=lambda config: _side(config.vision_config.image_size),
     markers=("<img>", "</img>"),
@@ -712,7 +720,6 @@ class VisionLanguageReference:
     eos: list[int]
     max_seq_len: int
     tokenizer_json: str
-    notes: dict = field(default_factory=dict)
 
     @property
     def inputs(self) -> list[Prompt]:
