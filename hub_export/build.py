@@ -32,6 +32,7 @@ if TYPE_CHECKING:
     import torch
 
     from .calibrate import MixedPlan
+    from .gptq import Int4Rounding
     from .options import ExportOptions
     from .verify import Reference
 
@@ -118,6 +119,7 @@ class RunState:
     reference: Reference | None
     say: Say
     mixed_plan: MixedPlan | None = None  # the calibrated int8 layers of the mixed qmode, measured once per run
+    int4_rounding: Int4Rounding | None = None  # GPTQ's int4 codes (--int4-scales gptq), made once per run
     variants: list[Variant] = field(default_factory=list)
 
     @property
@@ -246,7 +248,7 @@ def _variant_record(
         data_file=data_path.name if data_path else None,
         data_size_bytes=data_path.stat().st_size if data_path else None,
         data_sha256=sha256_file(data_path) if data_path else None,
-        recipe=_recipe_record(mode, opts, plan), asked=opts.variant_settings(), delegation=delegation,
+        recipe=_recipe_record(mode, opts, plan, run.int4_rounding), asked=opts.variant_settings(), delegation=delegation,
     )  # fmt: skip
 
 
@@ -267,7 +269,7 @@ def _quantized_copy(
     opts = run.options
     run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})", "quantize", name)
     model = weight_sharing_copy(run.model)
-    recipe = opts.recipe(frozenset(plan.eight_bit) if plan else frozenset())
+    recipe = opts.recipe(frozenset(plan.eight_bit) if plan else frozenset(), run.int4_rounding)
     if quantizer is not None:
         fallback = quantizer(model, qmode, opts)
     else:
@@ -321,11 +323,15 @@ def judge_kind(kind: str, kv_cache: str) -> str:
     return "dynamic" if kv_cache == "int8" else kind
 
 
-def _recipe_record(mode: quantize.QMode, options: ExportOptions, plan: MixedPlan | None) -> dict | None:
+def _recipe_record(
+    mode: quantize.QMode, options: ExportOptions, plan: MixedPlan | None, rounding: Int4Rounding | None
+) -> dict | None:
     """What the manifest says about how the variant was quantized beyond its qmode."""
     record: dict = {}
     if mode.weight_bits == 4:
-        record["int4_scales"] = options.int4_scales
+        record["int4_scales"] = options.recipe(rounding=rounding).scales_of(mode)
+        if record["int4_scales"] == "gptq":
+            record["gptq"] = rounding.record()
     if plan is not None:
         record["mixed"] = plan.to_dict()
     return record or None

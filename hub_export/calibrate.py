@@ -31,6 +31,7 @@ from .options import calibration_text_digest, read_calibration_text
 if TYPE_CHECKING:
     import torch
 
+    from .gptq import Int4Rounding
     from .options import ExportOptions
 
 CALIBRATION_TEXT = "calib_en.txt"
@@ -110,6 +111,17 @@ def budget_label(options: ExportOptions) -> str:
     )
 
 
+def calibration_text_ids(tokenizer_json: Path, text_file: str | None = None) -> list[int]:
+    """Every token id of the calibration text: the user's ``text_file``, or the shipped prose."""
+    from tokenizers import Tokenizer
+
+    if text_file is None:
+        text = resources.files("hub_export").joinpath("data", CALIBRATION_TEXT).read_text(encoding="utf-8")
+    else:
+        text = read_calibration_text(text_file)
+    return Tokenizer.from_file(str(tokenizer_json)).encode(text).ids
+
+
 def calibration_ids(tokenizer_json: Path, tokens: int, text_file: str | None = None) -> tuple[torch.Tensor, int]:
     """The first ``tokens`` token ids of the calibration text (the user's ``text_file``, or the shipped prose), and
     how many tokens the whole text has.
@@ -118,13 +130,8 @@ def calibration_ids(tokenizer_json: Path, tokens: int, text_file: str | None = N
         InputError: the user's text has fewer than ``tokens`` tokens.
     """
     import torch
-    from tokenizers import Tokenizer
 
-    if text_file is None:
-        text = resources.files("hub_export").joinpath("data", CALIBRATION_TEXT).read_text(encoding="utf-8")
-    else:
-        text = read_calibration_text(text_file)
-    ids = Tokenizer.from_file(str(tokenizer_json)).encode(text).ids
+    ids = calibration_text_ids(tokenizer_json, text_file)
     if len(ids) < tokens:
         raise InputError(f"{opt('calibration_text')}: the text is {len(ids)} tokens; the calibration reads {tokens}",
                          param="calibration_text")  # fmt: skip
@@ -226,11 +233,12 @@ def plan_mixed(
     options: ExportOptions,
     say: Callable[[str], None] = lambda message: None,
     tokens: int = CALIBRATION_TOKENS,
+    rounding: Int4Rounding | None = None,
 ) -> MixedPlan:
     """Measure every linear's sensitivity on the calibration text and choose the int8 ones within the budget.
 
-    ``model`` is the fp32 model; it is left as it was found.
-    """
+    ``model``: the fp32 model, left as found. ``rounding``: GPTQ's codes, when the variants use them (a layer is
+    measured as the variant rounds it)."""
     if not options.calibration:
         return MixedPlan(calibrated=False)
     started = time.perf_counter()
@@ -238,7 +246,7 @@ def plan_mixed(
     linears = _linears(model, options.group_size)
     swapper = _Swapper(linears)
     reference = _logprobs(model, ids)
-    rounded: dict[int, dict] = {4: _rounded_weights(linears, 4, options)}
+    rounded: dict[int, dict] = {4: _rounded_weights(linears, 4, options, rounding)}
     int4 = rounded[4]
     try:
         sensitivity = _sensitivities(model, ids, reference, int4, swapper, say)
@@ -281,10 +289,14 @@ def plan_mixed(
     )
 
 
-def _rounded_weights(linears: dict, bits: int, options: ExportOptions) -> dict:
+def _rounded_weights(linears: dict, bits: int, options: ExportOptions, rounding: Int4Rounding | None = None) -> dict:
     """Each of ``linears``' weights as a ``bits``-bit variant stores it, back in float, by name."""
+    scales = options.recipe(rounding=rounding).scales_of(quantize.QMODES["mixed"])
     return {
-        name: _rounded_weight(module, bits, options.group_size, options.int4_scales) for name, module in linears.items()
+        name: rounding.weight(name)
+        if bits == 4 and scales == "gptq" and name in rounding
+        else _rounded_weight(module, bits, options.group_size, "hqq" if scales == "gptq" else scales)
+        for name, module in linears.items()
     }
 
 
@@ -324,3 +336,19 @@ def _fewest_for_perplexity(ratio_of: Callable[[set[str]], float], order: list[st
         else:
             low = middle + 1
     return order[:low]
+
+
+def round_int4(
+    model: torch.nn.Module, tokenizer_json: Path, options: ExportOptions, say: Callable[[str], None] = lambda m: None
+) -> Int4Rounding:
+    """GPTQ's int4 codes for every linear a grouped int4 variant rounds (:mod:`hub_export.gptq`), calibrated on the
+    whole calibration text (up to :data:`hub_export.gptq.MAX_TOKENS` tokens). ``model`` is the fp32 model."""
+    from . import gptq  # imports torch: this module is imported by the option checks, which must not
+
+    ids = calibration_text_ids(tokenizer_json, options.calibration_text)
+    linears = _linears(model, options.group_size)
+    if options.share_embeddings:  # the output projection is stored int8 as the embedding table: never int4
+        head = model.get_output_embeddings()
+        linears = {name: module for name, module in linears.items() if module is not head}
+    total = min(len(ids), gptq.MAX_TOKENS)
+    return gptq.round_linears(model, linears, ids, options.group_size, text_label(options.calibration_text, total), say)

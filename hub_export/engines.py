@@ -94,6 +94,7 @@ def _jobs(prepared: Prepared, options: ExportOptions, workdir: Path, threads: in
             threads=threads,
             quiet=_libraries_quiet(),
             mixed_plan=prepared.mixed_plan,
+            int4_rounding=prepared.int4_rounding,
         )
         for index, qmode in enumerate(options.qmodes)
     ]
@@ -132,6 +133,7 @@ class LocalEngine:
             prepared.reference,
             say,
             prepared.mixed_plan,
+            prepared.int4_rounding,
         )
         prepared.model = None  # the run owns it now, and drops it once the last variant no longer needs it
         for index, qmode in enumerate(options.qmodes):

@@ -345,12 +345,21 @@ def _check_recipe(where: str, what: str, recipe: Any) -> None:
     if recipe is None:
         return
     _check_type(where, what, recipe, dict, "an object")
-    if set(recipe) - {"int4_scales", "mixed"}:
-        raise _bad(where, what, f"has unknown key {sorted(set(recipe) - {'int4_scales', 'mixed'})[0][:40]!r}")
+    known = {"int4_scales", "mixed", "gptq"}
+    if set(recipe) - known:
+        raise _bad(where, what, f"has unknown key {sorted(set(recipe) - known)[0][:40]!r}")
     if "int4_scales" in recipe and recipe["int4_scales"] not in INT4_SCALES:
         raise _bad(
             where, f"{what}.int4_scales", f"is {repr(recipe['int4_scales'])[:40]}, not one of {', '.join(INT4_SCALES)}"
         )
+    gptq = recipe.get("gptq")
+    if gptq is not None:
+        _check_type(where, f"{what}.gptq", gptq, dict, "an object")
+        _check_label(where, f"{what}.gptq.text", gptq.get("text", ""))
+        for key in ("tokens", "layers", "seconds"):
+            value = gptq.get(key, 0)
+            if not isinstance(value, (int, float)) or isinstance(value, bool) or not 0 <= value < 1e9:
+                raise _bad(where, f"{what}.gptq.{key}", "is not a count")
     mixed = recipe.get("mixed")
     if mixed is None:
         return
@@ -363,14 +372,13 @@ def _check_recipe(where: str, what: str, recipe: Any) -> None:
     ):
         raise _bad(where, f"{what}.mixed.eight_bit", "is not a list of layer names (letters, digits, '._')")
     for key in ("budget", "text"):
-        value = mixed.get(key, "")
-        if (
-            not isinstance(value, str)
-            or len(value) > 200
-            or not value.isprintable()
-            or any(c in value for c in "<>[]`|")
-        ):
-            raise _bad(where, f"{what}.mixed.{key}", "is not a short plain label")
+        _check_label(where, f"{what}.mixed.{key}", mixed.get(key, ""))
+
+
+def _check_label(where: str, what: str, value: Any) -> None:
+    """A short printable label without the characters Markdown or HTML would act on."""
+    if not isinstance(value, str) or len(value) > 200 or not value.isprintable() or any(c in value for c in "<>[]`|"):
+        raise _bad(where, what, "is not a short plain label")
 
 
 def _check_data_file(where: str, what: str, data: dict[str, Any]) -> None:

@@ -188,10 +188,11 @@ class ExportOptions:
         f"--qembedding 8w; qmodes {', '.join(quantize.SHAREABLE_QMODES)}).",
     )
     int4_scales: str = _option(
-        "hqq",
+        "gptq",
         "--int4-scales",
-        help=f"How int4 scales are chosen: {' or '.join(quantize.INT4_SCALES)} (hqq: torchao's HQQ scale search, the "
-        "same format and speed; minmax: each group's largest weight).",
+        help=f"How int4 weights are rounded: {', '.join(quantize.INT4_SCALES)} (gptq: calibrated on the calibration "
+        "text so each layer's output stays close, causal LMs' 8da4w and mixed; hqq: torchao's HQQ scale search; "
+        "minmax: each group's largest weight). All give the same format, size and speed.",
     )
     max_size_ratio: float | None = _option(
         None,
@@ -208,16 +209,18 @@ class ExportOptions:
         "within this ratio of fp32's.",
     )
     calibration: bool = _option(
-        True, help="--qmode mixed: measure each layer's sensitivity on the calibration text (off: plain int4)."
+        True,
+        help="Calibrate on the calibration text: GPTQ's int4 rounding and the mixed qmode's int8 layers (off: HQQ "
+        "scales, and mixed is plain int4).",
     )
     calibration_text: str | None = _option(
         None,
         "--calibration-text",
         show_default=False,
         reproduce=False,  # a path on the exporter's machine: the manifest records the text's sha256 instead
-        help="--qmode mixed: measure each layer's sensitivity on this UTF-8 text file (your own domain's text, as an "
-        "importance matrix does for GGUF) instead of the shipped English prose; the manifest and card record its "
-        "sha256 and token count, never its content.",
+        help="Calibrate GPTQ's int4 rounding and the mixed qmode's int8 layers on this UTF-8 text file (your own "
+        "domain's text, as an importance matrix does for GGUF) instead of the shipped English prose; the manifest and "
+        "card record its sha256 and token count, never its content.",
     )
     quality_tokens: int = _option(
         DEFAULT_QUALITY_TOKENS,
@@ -373,9 +376,9 @@ class ExportOptions:
                 hint="drop one of them",
             )
         if self.calibration_text is not None:
-            if not calibrated:
-                raise InputError(f"{opt('calibration_text')} calibrates {opt('qmodes')} mixed; add it, or drop the "
-                                 "text", param="calibration_text")  # fmt: skip
+            if not calibrated and not self.gptq and self.calibration:
+                raise InputError(f"{opt('calibration_text')} calibrates {opt('int4_scales')} gptq and {opt('qmodes')} "
+                                 "mixed (4-bit grouped variants); add one, or drop the text", param="calibration_text")  # fmt: skip
             if not self.calibration:
                 raise InputError(f"{opt('calibration_text')} needs the calibration that {opt('no_calibration')} turns "
                                  "off; drop one of them", param="calibration_text")  # fmt: skip
@@ -398,9 +401,16 @@ class ExportOptions:
             return self.max_size_ratio
         return None if self.max_ppl_ratio is not None else DEFAULT_SIZE_RATIO
 
-    def recipe(self, eight_bit: frozenset[str] = frozenset()) -> quantize.Recipe:
-        """The quantization recipe of these options (``eight_bit``: the calibrated plan's int8 layers)."""
-        return quantize.Recipe(scales=self.int4_scales, eight_bit=eight_bit)
+    def recipe(self, eight_bit: frozenset[str] = frozenset(), rounding: Any = None) -> quantize.Recipe:
+        """The quantization recipe of these options (``eight_bit``: the calibrated plan's int8 layers; ``rounding``:
+        GPTQ's codes, :class:`hub_export.gptq.Int4Rounding`)."""
+        return quantize.Recipe(scales=self.int4_scales, eight_bit=eight_bit, rounding=rounding)
+
+    @property
+    def gptq(self) -> bool:
+        """Whether a run rounds its grouped int4 layers with GPTQ (calibrated, and some qmode has such layers)."""
+        grouped = any(quantize.QMODES[m].grouped and not quantize.QMODES[m].weight_only for m in self.qmodes)
+        return self.int4_scales == "gptq" and self.calibration and grouped
 
     def replace(self, **changes: Any) -> ExportOptions:
         """A copy with ``changes``, validated again."""

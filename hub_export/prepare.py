@@ -18,13 +18,14 @@ from typing import TYPE_CHECKING, Any
 
 from . import archs, quantize, tasks
 from . import source as source_stage
-from .calibrate import MixedPlan, plan_mixed
+from .calibrate import MixedPlan, plan_mixed, round_int4
 from .chat import chat_template
 from .errors import ExportError, InputError, opt
 from .options import ExportOptions
 
 if TYPE_CHECKING:
     from .calibrate import MixedPlan
+    from .gptq import Int4Rounding
     from .verify import Reference
 
 log = logging.getLogger(__name__)
@@ -57,6 +58,7 @@ class Prepared:
     files: dict[str, bytes]  # config and tokenizer files the export folder copies
     reference: Reference | None = None
     mixed_plan: MixedPlan | None = None
+    int4_rounding: Int4Rounding | None = None  # GPTQ's int4 codes, made once per run for every 4-bit variant
     model: Any = field(default=None, repr=False, compare=False)  # in-process only; never pickled
 
     def __getstate__(self) -> dict:
@@ -147,6 +149,8 @@ def _check_encoder_options(options: ExportOptions, task: tasks.Task) -> None:
         "attention_sink": options.attention_sink is not None,
         "kv_cache": options.kv_cache != "fp32",
         "sliding_cache": options.sliding_cache != "ring",
+        # calibration reads text through a causal LM; other tasks' int4 layers use HQQ's scales
+        "calibration_text": options.calibration_text is not None,
     }
     for name, given in decoder_only.items():
         if given:
@@ -229,14 +233,7 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
         say(f"computing the fp32 eager reference ({_REFERENCE_WORDS[task.name](options)})", "reference")
         make_reference = _text_reference if task.module is None else _encoder_reference
         reference = make_reference(model, src, seq_len, options)
-    mixed_plan = None
-    if any(quantize.QMODES[mode].calibrated for mode in options.qmodes):
-        if options.calibration:
-            say("measuring each linear layer's int4 sensitivity on the calibration text", "calibrate")
-            mixed_plan = plan_mixed(model, src.path / "tokenizer.json", options, say)
-            say(f"mixed: {mixed_plan.summary()} ({mixed_plan.seconds:.0f} s)")
-        else:
-            mixed_plan = MixedPlan(calibrated=False)
+    mixed_plan, int4_rounding = _calibrate(model, src, task, options, say)
     files = {name: (src.path / name).read_bytes() for name in COPIED_FILES if (src.path / name).is_file()}
     return Prepared(
         src=src,
@@ -246,8 +243,27 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
         files=files,
         reference=reference,
         mixed_plan=mixed_plan,
+        int4_rounding=int4_rounding,
         model=model,
     )
+
+
+def _calibrate(model, src: source_stage.Source, task: tasks.Task, options: ExportOptions, say: Say):
+    """What the calibration text decides once per run: GPTQ's int4 codes and the mixed qmode's int8 layers."""
+    mixed_plan = int4_rounding = None
+    if options.gptq and task.module is None:
+        say("rounding int4 weights with GPTQ on the calibration text", "calibrate")
+        int4_rounding = round_int4(model, src.path / "tokenizer.json", options, say)
+        say(f"GPTQ: {len(int4_rounding.packed)} linears on {int4_rounding.tokens} tokens of {int4_rounding.text} "
+            f"({int4_rounding.seconds:.0f} s)")  # fmt: skip
+    if any(quantize.QMODES[mode].calibrated for mode in options.qmodes):
+        if options.calibration:
+            say("measuring each linear layer's int4 sensitivity on the calibration text", "calibrate")
+            mixed_plan = plan_mixed(model, src.path / "tokenizer.json", options, say, rounding=int4_rounding)
+            say(f"mixed: {mixed_plan.summary()} ({mixed_plan.seconds:.0f} s)")
+        else:
+            mixed_plan = MixedPlan(calibrated=False)
+    return mixed_plan, int4_rounding
 
 
 def source_on_this_node(src: source_stage.Source, request: SourceRequest) -> source_stage.Source:

@@ -9,8 +9,8 @@ from __future__ import annotations
 
 import logging
 from collections.abc import Callable
-from dataclasses import dataclass
-from typing import TYPE_CHECKING
+from dataclasses import dataclass, field
+from typing import TYPE_CHECKING, Any
 
 from .errors import InputError, opt
 
@@ -82,11 +82,12 @@ def _is_embedding(module) -> bool:
     return isinstance(module, nn.Embedding)
 
 
-# How int4 scales are chosen. "hqq": torchao's HQQ scale search (scales that minimise the
-# weights' rounding error, same symmetric int4 format and kernels); "minmax": each group's
-# largest magnitude maps to the int4 range. What each costs in perplexity on a real model:
-# benchmarks/quant_recipes.py and its results.
-INT4_SCALES = ("hqq", "minmax")
+# How int4 weights are rounded, all to the same symmetric int4 format and kernels. "gptq":
+# codes chosen on the calibration text so each layer's output error stays small
+# (hub_export.gptq); "hqq": torchao's HQQ scale search (scales that minimise the weights'
+# own rounding error); "minmax": each group's largest magnitude maps to the int4 range.
+# What each costs in perplexity on a real model: benchmarks/quant_recipes.py and its results.
+INT4_SCALES = ("gptq", "hqq", "minmax")
 
 
 def _scale_algorithm(bits: int, scales: str):
@@ -156,13 +157,41 @@ class Recipe:
     dynamic activations (8da8w's recipe); the rest get the qmode's.
     """
 
-    scales: str = "hqq"
+    scales: str = "gptq"
     eight_bit: frozenset[str] = frozenset()
+    # hub_export.gptq.Int4Rounding: the calibrated codes of the grouped int4 layers (made once per run)
+    rounding: Any = field(default=None, compare=False, hash=False, repr=False)
+
+    def scales_of(self, mode: QMode) -> str:
+        """The int4 scales a variant of ``mode`` really gets: GPTQ's codes exist for grouped int4 layers with int8
+        activations only, and only when calibrated; otherwise HQQ's search, the best uncalibrated choice."""
+        if self.scales == "gptq" and (self.rounding is None or not mode.grouped or mode.weight_only):
+            return "hqq"
+        return self.scales
 
 
 def _granularity(grouped: bool, group_size: int):
     _, _, PerAxis, PerGroup = _torchao()
     return PerGroup(group_size) if grouped else PerAxis(0)
+
+
+def _ungroupable(model: nn.Module, group_size: int, exclude: tuple) -> list[str]:
+    """The linears whose input width ``group_size`` does not divide (they fall back to int8 per channel), warned of."""
+    fallback = [
+        name
+        for name, module in model.named_modules()
+        if _is_linear(module) and module.in_features % group_size and _kept(module, exclude)
+    ]
+    if fallback:
+        log.warning(
+            "group size %d does not divide the input width of %d layer(s) (%s%s); "
+            "quantizing those per channel with int8 weights (XNNPACK's int4 kernels need whole groups)",
+            group_size,
+            len(fallback),
+            ", ".join(fallback[:3]),
+            ", ..." if len(fallback) > 3 else "",
+        )
+    return fallback
 
 
 def quantize_linears(
@@ -182,22 +211,7 @@ def quantize_linears(
     mode = QMODES[qmode]
     if mode.config is None:
         return []
-    fallback: list[str] = []
-    if mode.grouped:
-        fallback = [
-            name
-            for name, module in model.named_modules()
-            if _is_linear(module) and module.in_features % group_size and _kept(module, exclude)
-        ]
-        if fallback:
-            log.warning(
-                "group size %d does not divide the input width of %d layer(s) (%s%s); "
-                "quantizing those per channel with int8 weights (XNNPACK's int4 kernels need whole groups)",
-                group_size,
-                len(fallback),
-                ", ".join(fallback[:3]),
-                ", ..." if len(fallback) > 3 else "",
-            )
+    fallback = _ungroupable(model, group_size, exclude) if mode.grouped else []
     fallback_set = set(fallback)
     eight_bit = set(recipe.eight_bit) - fallback_set
 
@@ -213,7 +227,14 @@ def quantize_linears(
             _dynamic_act(8)(_granularity(False, group_size)),
             filter_fn=lambda module, fqn: _is_linear(module) and fqn in eight_bit and _kept(module, exclude),
         )
-    quantize_(model, mode.config(_granularity(mode.grouped, group_size), recipe.scales), filter_fn=grouped)
+    scales = recipe.scales_of(mode)
+    # GPTQ's codes replace the rounding below: any scale choice serves to build the tensors they go into
+    quantize_(model, mode.config(_granularity(mode.grouped, group_size), "minmax" if scales == "gptq" else scales),
+              filter_fn=grouped)  # fmt: skip
+    if scales == "gptq":
+        from .gptq import apply  # imports torch: this module must not (options import it)
+
+        apply(model, recipe.rounding)
     if fallback:
         quantize_(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=per_channel)
     if mode.weight_only:

@@ -34,6 +34,7 @@ from .quiet import quiet_libraries, quiet_torch
 
 if TYPE_CHECKING:
     from .calibrate import MixedPlan
+    from .gptq import Int4Rounding
     from .manifest import Variant
     from .source import Source
     from .verify import Reference
@@ -61,6 +62,7 @@ class VariantJob:
     threads: int
     quiet: bool
     mixed_plan: MixedPlan | None = None
+    int4_rounding: Int4Rounding | None = None
 
 
 def usable_cpus() -> int:
@@ -121,7 +123,15 @@ def build_job(job: VariantJob, say: Callable[..., None]) -> Variant:
     torch.set_num_threads(job.threads)
     map_large_allocations()
     run = RunState(
-        None, job.src, job.options, job.max_seq_len, job.workdir, job.reference, say=say, mixed_plan=job.mixed_plan
+        None,
+        job.src,
+        job.options,
+        job.max_seq_len,
+        job.workdir,
+        job.reference,
+        say=say,
+        mixed_plan=job.mixed_plan,
+        int4_rounding=job.int4_rounding,
     )
     run.model = load_model(job.src.path, job.options.trust_remote_code, run.task)
     return build_variant(run, job.qmode, last=True)

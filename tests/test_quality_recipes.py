@@ -71,12 +71,13 @@ def test_a_mixed_variant_exports_verifies_and_says_what_it_kept(exported_multi, 
     assert variant.file == "model-mixed-emb8w.pte" and variant.verification.verified
     plan = variant.recipe["mixed"]
     assert plan["eight_bit"] and plan["size_ratio"] <= 1.2 and plan["budget"] == "size 1.20x 8da4w"
-    assert variant.recipe["int4_scales"] == "hqq"
+    assert variant.recipe["int4_scales"] == "gptq"  # the default: the int4 layers' codes are GPTQ's
+    assert variant.recipe["gptq"]["text"] == "calib_en.txt" and variant.recipe["gptq"]["tokens"] > 1000
     # The same model, embeddings and context as exported_multi's plain 8da4w file: the int8 layers cost bytes.
     plain = Manifest.read(exported_multi).variant("8da4w")
     assert plain.size_bytes < variant.size_bytes <= 1.2 * plain.size_bytes * 1.02
     card = render_card(Manifest.read(tmp_path / "out"), repo_id="alice/tiny-ExecuTorch")
-    assert f"`model-mixed-emb8w.pte`: {len(plan['eight_bit'])} of " in card and "hqq scales" in card
+    assert f"`model-mixed-emb8w.pte`: {len(plan['eight_bit'])} of " in card and "gptq scales" in card
     assert "--qmode mixed" in manifest.command and "--max-size-ratio 1.2" in manifest.command
 
 
@@ -90,7 +91,8 @@ def test_a_mixed_variant_exports_verifies_and_says_what_it_kept(exported_multi, 
             dict(qmodes=("mixed",), calibration=False, max_ppl_ratio=1.2),
             "--max-ppl-ratio needs the calibration that --no-calibration",
         ),
-        (dict(int4_scales="gptq"), "unknown --int4-scales 'gptq'"),
+        (dict(int4_scales="awq"), "unknown --int4-scales 'awq'"),
+        (dict(qmodes=("8da8w",), calibration_text=__file__), "--calibration-text calibrates --int4-scales gptq"),
     ],
 )
 def test_recipe_options_that_cannot_work_are_refused(options, message):
@@ -185,5 +187,63 @@ def test_a_calibration_text_that_cannot_work_is_refused_before_any_work(content,
     assert message in str(refused.value) and "\n" not in str(refused.value)
     text = "word " * 200
     path.write_text(text)
-    with pytest.raises(InputError, match="calibrates --qmode mixed"):
-        ExportOptions(qmodes=("8da4w",), calibration_text=str(path))
+    for nothing_calibrated in (dict(qmodes=("8da8w",)), dict(qmodes=("8da4w",), int4_scales="hqq")):
+        with pytest.raises(InputError, match="calibrates --int4-scales gptq and --qmode mixed"):
+            ExportOptions(**nothing_calibrated, calibration_text=str(path))
+    ExportOptions(qmodes=("8da4w",), calibration_text=str(path))  # GPTQ reads it
+
+
+def test_gptq_keeps_a_layer_output_closer_than_rounding_each_weight():
+    """GPTQ's promise on a layer with correlated, unevenly driven inputs: the output error on those inputs falls well
+    below nearest rounding with the very same scales (same grid, same bytes)."""
+    import torch
+
+    from hub_export.gptq import round_weight
+
+    torch.manual_seed(0)
+    inputs = torch.randn(2048, 128) @ (0.3 * torch.randn(128, 128) + torch.eye(128))
+    inputs[:, :4] *= 20
+    weight = 0.05 * torch.randn(64, 128)
+    codes, scales = round_weight(weight, 2 * inputs.T @ inputs / len(inputs), 32)
+    per_column = scales.repeat_interleave(32, dim=1)
+    nearest = (weight / per_column).round().clamp(-8, 7) * per_column
+
+    def output_error(rounded):
+        return float(((inputs @ (rounded - weight).T) ** 2).mean())
+
+    assert output_error(codes.float() * per_column) < 0.6 * output_error(nearest)
+    assert int(codes.min()) >= -8 and int(codes.max()) <= 7 and codes.dtype == torch.int8
+    assert torch.equal(scales.to(torch.bfloat16).float(), scales)  # the scales XNNPACK will store, exactly
+
+
+def test_a_gptq_variant_stores_exactly_the_calibrated_codes(fp32_model, tiny_model):
+    """Every grouped int4 layer of an 8da4w copy holds GPTQ's codes and scales; the fp32 model is untouched; the
+    int8 head of a shared-embedding export is left out."""
+    import copy
+
+    import torch
+
+    from hub_export.calibrate import round_int4
+    from hub_export.quantize import quantize_model
+
+    before = {name: tensor.clone() for name, tensor in fp32_model.state_dict().items()}
+    options = ExportOptions(qmodes=("8da4w",))
+    rounding = round_int4(fp32_model, tiny_model / "tokenizer.json", options)
+    assert all(torch.equal(before[name], tensor) for name, tensor in fp32_model.state_dict().items())
+    assert rounding.text == "calib_en.txt" and rounding.tokens > 1000 and "lm_head" in rounding
+    quantized = copy.deepcopy(fp32_model)
+    quantize_model(quantized, "8da4w", recipe=options.recipe(rounding=rounding))
+    hqq = copy.deepcopy(fp32_model)
+    quantize_model(hqq, "8da4w", recipe=ExportOptions(qmodes=("8da4w",), int4_scales="hqq").recipe())
+    layers = [name for name, module in quantized.named_modules() if isinstance(module, torch.nn.Linear)]
+    assert layers and all(name in rounding for name in layers)
+    differ = 0
+    for name in layers:
+        stored = quantized.get_submodule(name).weight.dequantize()
+        assert torch.equal(stored, rounding.weight(name)), name
+        differ += not torch.equal(stored, hqq.get_submodule(name).weight.dequantize())
+    assert differ == len(layers)
+    shared = round_int4(
+        fp32_model, tiny_model / "tokenizer.json", ExportOptions(qembedding="8w", share_embeddings=True)
+    )
+    assert "lm_head" not in shared and len(shared.packed) == len(rounding.packed) - 1
