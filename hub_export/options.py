@@ -54,6 +54,7 @@ class FormControl:
     multiple_of: int | None = None  # the control steps by it
     placeholder: str | None = None
     info: str | None = None  # the hint under the control (default: the option's help, which speaks in CLI flags)
+    upload: tuple[str, ...] = ()  # a file the user uploads, with one of these suffixes; the option gets its path
 
     def choice_values(self) -> list[tuple[str, Any]]:
         """The choices as a form sends them: text, with :data:`FORM_NONE` for the option's None."""
@@ -221,6 +222,12 @@ class ExportOptions:
         help="Calibrate GPTQ's int4 rounding and the mixed qmode's int8 layers on this UTF-8 text file (your own "
         "domain's text, as an importance matrix does for GGUF) instead of the shipped English prose; the manifest and "
         "card record its sha256 and token count, never its content.",
+        form=FormControl(
+            "Calibration text",
+            upload=(".txt",),
+            info="Optional: your own domain's text (UTF-8, at least 128 words) to calibrate the 4-bit rounding; "
+            "only its sha256 and token count are recorded.",
+        ),
     )
     quality_tokens: int = _option(
         DEFAULT_QUALITY_TOKENS,
@@ -507,7 +514,7 @@ _FORM_KINDS = {"bool": "flag", "int": "whole", "float": "number", "str": "text"}
 
 def form_kind(spec: dataclasses.Field) -> str:
     """How a form asks for option ``spec``: ``several`` of its choices, ``one`` of them, or a
-    ``flag``, ``whole`` number, ``number`` or ``text``.
+    ``flag``, ``whole`` number, ``number``, ``text`` or an uploaded ``file``.
 
     Raises:
         TypeError: the option's type is one no form control holds (a new kind of option
@@ -518,6 +525,8 @@ def form_kind(spec: dataclasses.Field) -> str:
         return "several"
     if spec.metadata["form"] is not None and spec.metadata["form"].choices:
         return "one"
+    if spec.metadata["form"] is not None and spec.metadata["form"].upload:
+        return "file"
     base = declared.split("|")[0].strip()
     if base not in _FORM_KINDS:
         raise TypeError(f"ExportOptions.{spec.name}: no form control holds a {declared}")

@@ -138,6 +138,8 @@ def shown_default(spec: dataclasses.Field) -> Any:
         return FORM_NONE if default is None else default
     if kind in ("whole", "number"):
         return 0 if default is None else default
+    if kind == "file":
+        return None  # nothing uploaded
     return "" if default is None else default
 
 
@@ -154,10 +156,33 @@ def _form_value(spec: dataclasses.Field, value: Any) -> Any:
         return None if parsed == 0 and default is None else parsed
     if kind == "flag":
         return default if value is None else bool(value)
+    if kind == "file":
+        return _uploaded_file(spec, value)
     text = "" if value is None else str(value).strip()
     if kind == "one" and text == FORM_NONE and None in dict(spec.metadata["form"].choices).values():
         return None
     return text or default
+
+
+def _uploaded_file(spec: dataclasses.Field, value: Any) -> str | None:
+    """The path of a file the user uploaded for option ``spec``, or None when none was.
+
+    The web framework hands the form a path in its upload folder, under the system's temporary folder; a path
+    anywhere else (an API caller naming a server file) is refused, so a request cannot make the service read, or
+    record the digest of, a file of the machine's own.
+    """
+    text = "" if value is None else str(value).strip()
+    if not text:
+        return None
+    path = Path(text).resolve()
+    root = Path(tempfile.gettempdir()).resolve()
+    if not path.is_relative_to(root) or not path.is_file():
+        raise InputError(f"{opt(spec.name)}: upload the file through the form", param=spec.name)
+    if path.suffix.lower() not in spec.metadata["form"].upload:
+        allowed = " or ".join(spec.metadata["form"].upload)
+        raise InputError(f"{opt(spec.name)}: upload a {allowed} file (got {path.suffix or 'no suffix'})",
+                         param=spec.name)  # fmt: skip
+    return str(path)
 
 
 def export_request(

@@ -111,6 +111,11 @@ def option_control(spec: dataclasses.Field) -> gr.components.Component:
             **steps,
             **common,
         )
+    if kind == "file":  # a file box has no hint line: the hint goes into its label
+        label = f"{form.label} ({form.info})" if form.info else form.label
+        return gr.File(
+            file_types=list(form.upload), type="filepath", label=label, elem_id=common["elem_id"], height=120
+        )
     return gr.Textbox(shown, placeholder=form.placeholder, **common)
 
 

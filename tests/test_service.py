@@ -54,11 +54,11 @@ def _form(**values):
 
 def test_the_form_is_the_options_that_declare_a_form_control_and_shows_their_defaults() -> None:
     assert [spec.name for spec in form_fields()] == [
-        "qmodes", "qembedding", "group_size", "max_seq_len", "kv_cache", "revision", "task",
+        "qmodes", "qembedding", "group_size", "max_seq_len", "kv_cache", "calibration_text", "revision", "task",
     ]  # fmt: skip
     assert _form() == {
         "qmodes": ["8da4w"], "qembedding": "none", "group_size": 32, "max_seq_len": 0, "kv_cache": "fp32",
-        "revision": "", "task": "none",
+        "calibration_text": None, "revision": "", "task": "none",
     }  # fmt: skip
     assert options_from_form(_form()) == ExportOptions() == options_from_form({})  # shown defaults read back
     offered = {spec.name: [value for _, value in spec.metadata["form"].choices] for spec in form_fields()}
@@ -72,6 +72,27 @@ def test_every_export_option_is_of_a_kind_a_form_can_offer() -> None:
     kinds = {spec.name: form_kind(spec) for spec in dataclasses.fields(ExportOptions)}
     assert kinds["qmodes"] == "several" and kinds["qembedding"] == "one" and kinds["group_size"] == "whole"
     assert kinds["calibration"] == "flag" and kinds["max_size_ratio"] == "number" and kinds["attention_sink"] == "text"
+    assert kinds["calibration_text"] == "file"
+
+
+def test_an_uploaded_calibration_text_reaches_the_options_and_a_server_path_does_not(tmp_path: Path) -> None:
+    """The form's upload (a path in the web framework's upload folder, under the temporary folder) becomes
+    ``calibration_text``; a path to one of the machine's own files, as an API caller could send, is refused."""
+    upload = tmp_path / "domain.txt"
+    upload.write_text("the pump's seal wears first; replace it before the bearing " * 20, encoding="utf-8")
+    assert options_from_form(_form(calibration_text=str(upload))).calibration_text == str(upload.resolve())
+    assert options_from_form(_form(calibration_text=None)).calibration_text is None
+    for path in ("/etc/hostname", str(Path.home() / ".cache" / "huggingface" / "token")):
+        with pytest.raises(InputError, match="--calibration-text: upload the file through the form") as refused:
+            options_from_form(_form(calibration_text=path))
+        assert refused.value.param == "calibration_text"
+    upload.rename(tmp_path / "domain.bin")
+    with pytest.raises(InputError, match=r"upload a \.txt file \(got \.bin\)"):
+        options_from_form(_form(calibration_text=str(tmp_path / "domain.bin")))
+    short = tmp_path / "short.txt"
+    short.write_text("too short", encoding="utf-8")
+    with pytest.raises(InputError, match="has 2 words"):  # the library's own check, as on the command line
+        options_from_form(_form(calibration_text=str(short)))
 
 
 def test_the_export_form_becomes_validated_options() -> None:
