@@ -66,9 +66,11 @@ space: $(STAMP)
 bench: $(STAMP)
 	$(PY) -m benchmarks.bench_export --qmode 8da4w --qmode 8da8w --qmode 4w --qmode 8w --qmode fp32 --qembedding 8w
 
-# 4-bit recipes on the real SmolLM2 (minmax vs HQQ scales vs the calibrated mixed qmode); about 30 minutes.
+# 4-bit recipes on the real SmolLM2 (.pte files: HQQ vs GPTQ rounding, plain and mixed, both evaluation texts, decode
+# speed; about 40 minutes), then every int4 rounding on SmolLM2 and Gemma 3 270M in eager (about 10 minutes).
 bench-recipes: $(STAMP)
 	$(PY) -m benchmarks.quant_recipes
+	$(PY) -m benchmarks.int4_rounding
 
 # hub-export against optimum-executorch 1.1.0 (its own venv under benchmarks/work), same models, same runs:
 # SmolLM2 8da4w and 8da8w, a Qwen3-shaped model (8 layers, random weights), then the floors under
