@@ -339,16 +339,25 @@ def _fewest_for_perplexity(ratio_of: Callable[[set[str]], float], order: list[st
 
 
 def round_int4(
-    model: torch.nn.Module, tokenizer_json: Path, options: ExportOptions, say: Callable[[str], None] = lambda m: None
+    model: torch.nn.Module,
+    tokenizer_json: Path,
+    options: ExportOptions,
+    say: Callable[[str], None] = lambda m: None,
+    max_seq_len: int | None = None,
 ) -> Int4Rounding:
     """GPTQ's int4 codes for every linear a grouped int4 variant rounds (:mod:`hub_export.gptq`), calibrated on the
-    whole calibration text (up to :data:`hub_export.gptq.MAX_TOKENS` tokens). ``model`` is the fp32 model."""
+    whole calibration text (up to :data:`hub_export.gptq.MAX_TOKENS` tokens) in windows no longer than the file's
+    context (``max_seq_len``: the positions its activations will come from). ``model`` is the fp32 model."""
     from . import gptq  # imports torch: this module is imported by the option checks, which must not
 
-    ids = calibration_text_ids(tokenizer_json, options.calibration_text)
+    vocabulary = model.get_input_embeddings().num_embeddings
+    # A tokenizer may know more tokens than the model has rows (small test models do); GPTQ only needs activations.
+    ids = [i for i in calibration_text_ids(tokenizer_json, options.calibration_text) if i < vocabulary]
     linears = _linears(model, options.group_size)
     if options.share_embeddings:  # the output projection is stored int8 as the embedding table: never int4
         head = model.get_output_embeddings()
         linears = {name: module for name, module in linears.items() if module is not head}
     total = min(len(ids), gptq.MAX_TOKENS)
-    return gptq.round_linears(model, linears, ids, options.group_size, text_label(options.calibration_text, total), say)
+    label = text_label(options.calibration_text, total)
+    window = min(gptq.WINDOW, max_seq_len or gptq.WINDOW)
+    return gptq.round_linears(model, linears, ids, options.group_size, label, say, window)

@@ -228,6 +228,7 @@ def round_linears(
     group_size: int,
     text: str,
     say: Callable[[str], None] = lambda message: None,
+    window: int = WINDOW,
 ) -> Int4Rounding:
     """GPTQ-round ``linears`` (name -> module of ``model``, in forward order) on the token ``ids`` of the calibration
     text. ``model`` is the fp32 model; it is left as it was found. ``text`` names the text for the manifest."""
@@ -235,7 +236,7 @@ def round_linears(
 
     started = time.perf_counter()
     ids = ids[:MAX_TOKENS]
-    windows = [torch.tensor([ids[i : i + WINDOW]]) for i in range(0, len(ids), WINDOW) if len(ids[i : i + WINDOW]) > 1]
+    windows = [torch.tensor([ids[i : i + window]]) for i in range(0, len(ids), window) if len(ids[i : i + window]) > 1]
     rounding = Int4Rounding(group_size, text=text, tokens=len(ids))
     sets = _hessian_sets(linears)
     done = 0

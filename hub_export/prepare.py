@@ -233,7 +233,7 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
         say(f"computing the fp32 eager reference ({_REFERENCE_WORDS[task.name](options)})", "reference")
         make_reference = _text_reference if task.module is None else _encoder_reference
         reference = make_reference(model, src, seq_len, options)
-    mixed_plan, int4_rounding = _calibrate(model, src, task, options, say)
+    mixed_plan, int4_rounding = _calibrate(model, src, task, options, say, seq_len)
     files = {name: (src.path / name).read_bytes() for name in COPIED_FILES if (src.path / name).is_file()}
     return Prepared(
         src=src,
@@ -248,12 +248,12 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
     )
 
 
-def _calibrate(model, src: source_stage.Source, task: tasks.Task, options: ExportOptions, say: Say):
+def _calibrate(model, src: source_stage.Source, task: tasks.Task, options: ExportOptions, say: Say, seq_len: int):
     """What the calibration text decides once per run: GPTQ's int4 codes and the mixed qmode's int8 layers."""
     mixed_plan = int4_rounding = None
     if options.gptq and task.module is None:
         say("rounding int4 weights with GPTQ on the calibration text", "calibrate")
-        int4_rounding = round_int4(model, src.path / "tokenizer.json", options, say)
+        int4_rounding = round_int4(model, src.path / "tokenizer.json", options, say, seq_len)
         say(f"GPTQ: {len(int4_rounding.packed)} linears on {int4_rounding.tokens} tokens of {int4_rounding.text} "
             f"({int4_rounding.seconds:.0f} s)")  # fmt: skip
     if any(quantize.QMODES[mode].calibrated for mode in options.qmodes):
