@@ -289,6 +289,7 @@ def variant_facts(variant: Variant) -> dict[str, Any]:
         "speed_threads": check.runner_threads if check.speed("decode") and check.runner_threads else None,
         "int4_scales": (variant.recipe or {}).get("int4_scales"),
         "mixed": _mixed_line(variant),
+        "rounding": _rounding_line(variant),
         **memory_facts(variant),
     }
 
@@ -400,6 +401,14 @@ def frontier_png(manifest: Manifest) -> bytes | None:
     buffer = io.BytesIO()
     figure.savefig(buffer, format="png", metadata={"Software": None})  # same figures, same bytes
     return buffer.getvalue()
+
+
+def _rounding_line(variant: Variant) -> str | None:
+    """How GPTQ calibrated the int4 codes, in a few words (the text label is schema-checked, plain)."""
+    gptq = (variant.recipe or {}).get("gptq")
+    if not isinstance(gptq, dict):
+        return None
+    return f"int4 weights GPTQ-rounded on {int(gptq.get('tokens', 0))} tokens of {gptq.get('text', '')}"
 
 
 def _mixed_line(variant: Variant) -> str | None:

@@ -143,7 +143,9 @@ def export(
 
 def _stage_count(options: ExportOptions) -> int:
     """How many progress stages an export of ``options`` reports: source, calibration, then each variant's."""
-    calibrated = any(quantize.QMODES[mode].calibrated for mode in options.qmodes) and options.calibration
+    calibrated = options.gptq or (
+        any(quantize.QMODES[mode].calibrated for mode in options.qmodes) and options.calibration
+    )
     return (3 if options.verify else 2) + calibrated + (4 if options.verify else 3) * len(options.qmodes)
 
 

@@ -251,14 +251,17 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
 def _calibrate(model, src: source_stage.Source, task: tasks.Task, options: ExportOptions, say: Say, seq_len: int):
     """What the calibration text decides once per run: GPTQ's int4 codes and the mixed qmode's int8 layers."""
     mixed_plan = int4_rounding = None
+    steps = iter(["calibrate"])  # one progress step, whatever is calibrated (export._stage_count)
     if options.gptq and task.module is None:
-        say("rounding int4 weights with GPTQ on the calibration text", "calibrate")
+        say("rounding int4 weights with GPTQ on the calibration text", next(steps, "note"))
         int4_rounding = round_int4(model, src.path / "tokenizer.json", options, say, seq_len)
         say(f"GPTQ: {len(int4_rounding.packed)} linears on {int4_rounding.tokens} tokens of {int4_rounding.text} "
             f"({int4_rounding.seconds:.0f} s)")  # fmt: skip
+    elif options.gptq:
+        say(f"int4 weights: HQQ scales (GPTQ calibrates causal language models, not {task.name})", next(steps))
     if any(quantize.QMODES[mode].calibrated for mode in options.qmodes):
         if options.calibration:
-            say("measuring each linear layer's int4 sensitivity on the calibration text", "calibrate")
+            say("measuring each linear layer's int4 sensitivity on the calibration text", next(steps, "note"))
             mixed_plan = plan_mixed(model, src.path / "tokenizer.json", options, say, rounding=int4_rounding)
             say(f"mixed: {mixed_plan.summary()} ({mixed_plan.seconds:.0f} s)")
         else:

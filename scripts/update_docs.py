@@ -21,6 +21,7 @@ SECTIONS = {
     "bench-real": "smollm2-135m-instruct",
     "bench-table": "smollm2-135m-shaped",
     "bench-recipes": "quant-recipes",
+    "bench-int4-rounding": "int4-rounding",
     "bench-cluster": "cluster-speedup",
     "bench-peer": "peer-8da4w",
     "bench-peer-8da8w": "peer-8da8w",

@@ -113,11 +113,11 @@ def test_progress_is_a_stream_of_counted_stages(exported_multi):
 
     events = json.loads((exported_multi.parent / "tiny-multi-progress.json").read_text())
     steps = [(stage, variant, done, total) for _, stage, variant, done, total in events if stage != "note"]
-    assert [stage for stage, *_ in steps[:3]] == ["resolve", "load", "reference"]
+    assert [stage for stage, *_ in steps[:4]] == ["resolve", "load", "reference", "calibrate"]  # GPTQ, for 8da4w
     for file in ("model-8da4w-emb8w.pte", "model-fp32-emb8w.pte"):
         assert [stage for stage, variant, *_ in steps if variant == file] == ["quantize", "export", "lower", "verify"]
-    assert [done for _, _, done, _ in steps] == list(range(1, 12))  # every step counted once, in order
-    assert {total for *_, total in steps} == {11}  # 3 + 4 per variant, known from the start
+    assert [done for _, _, done, _ in steps] == list(range(1, 13))  # every step counted once, in order
+    assert {total for *_, total in steps} == {12}  # 4 + 4 per variant, known from the start
     assert all(message for message, *_ in events)
     for file in ("model-8da4w-emb8w.pte", "model-fp32-emb8w.pte"):  # lowering reports each XNNPACK partition
         partitions = [m for m, stage, variant, *_ in events if variant == file and "lowering: XNNPACK partition" in m]

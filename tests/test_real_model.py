@@ -57,9 +57,13 @@ def test_real_model_exports_verifies_and_reports_text_quality(real_export):
     assert quality["text"] == "eval_en.txt" and quality["tokens"] >= 2000
     # A trained 135M model reads plain English at a perplexity in the tens (random weights: ~50,000).
     assert 5 < quality["fp32_perplexity"] < 60
-    # int4 costs something on so small a model, but a file that kept nothing would be far worse.
-    assert 1.0 < quality["ratio"] < 2.5
-    assert 0.4 < quality["top1"] < 0.95 and 0 < quality["kl"] < 1.5
+    # int4 costs something on so small a model; GPTQ's rounding (the default) keeps it within 1.25x fp32's
+    # perplexity on both shipped texts, which its calibration never reads (nearest rounding: 1.37x and 1.50x).
+    assert variant["recipe"]["int4_scales"] == "gptq" and variant["recipe"]["gptq"]["tokens"] > 5000
+    second = check["second_quality"]
+    assert second["text"] == "eval_docs_en.txt"
+    assert 1.0 < quality["ratio"] < 1.25 and 1.0 < second["ratio"] < 1.25, (quality["ratio"], second["ratio"])
+    assert 0.6 < quality["top1"] < 0.95 and 0 < quality["kl"] < 0.3
     # the runtime follows the same quantized eager model closely over the text
     assert check["positions"] > 500 and check["mean_kl_vs_eager"] < 0.1 and check["top1_agreement"] > 0.8
     assert (real_export / "chat_template.jinja").is_file()
