@@ -229,15 +229,19 @@ def round_linears(
     text: str,
     say: Callable[[str], None] = lambda message: None,
     window: int = WINDOW,
+    conversations: list[list[int]] = (),
 ) -> Int4Rounding:
     """GPTQ-round ``linears`` (name -> module of ``model``, in forward order) on the token ``ids`` of the calibration
-    text. ``model`` is the fp32 model; it is left as it was found. ``text`` names the text for the manifest."""
+    text, cut into ``window``-token windows, and on ``conversations`` (token lists fed from position 0 as they are:
+    the text's passages in the model's chat template). ``model`` is the fp32 model; it is left as it was found.
+    ``text`` names the text for the manifest."""
     import torch
 
     started = time.perf_counter()
     ids = ids[:MAX_TOKENS]
     windows = [torch.tensor([ids[i : i + window]]) for i in range(0, len(ids), window) if len(ids[i : i + window]) > 1]
-    rounding = Int4Rounding(group_size, text=text, tokens=len(ids))
+    windows += [torch.tensor([chat[:window]]) for chat in conversations if len(chat) > 1]
+    rounding = Int4Rounding(group_size, text=text, tokens=sum(int(w.shape[1]) for w in windows))
     sets = _hessian_sets(linears)
     done = 0
     for names in sets:
