@@ -20,7 +20,10 @@ Details that matter, measured on SmolLM2-135M-Instruct (``benchmarks/quant_recip
   layers can simply be left out, and rounding layer by layer on already-rounded inputs
   was measured no better;
 - scales are rounded to bfloat16 first, as XNNPACK stores them, so the codes are chosen
-  for the scales the file really has.
+  for the scales the file really has;
+- a chat model is also calibrated on passages of the text in its chat template
+  (:func:`hub_export.calibrate.round_int4`): its special tokens drive activations plain
+  text never does.
 
 The calibration reads the text in windows through the fp32 model with hooks on the
 linears; Hessians are kept for a bounded set of layers at a time (:data:`HESSIAN_BYTES`)
