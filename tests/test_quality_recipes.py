@@ -78,10 +78,14 @@ def test_a_mixed_variant_exports_verifies_and_says_what_it_kept(exported_multi, 
     assert plain.size_bytes < variant.size_bytes <= 1.2 * plain.size_bytes * 1.02
     card = render_card(Manifest.read(tmp_path / "out"), repo_id="alice/tiny-ExecuTorch")
     gptq = variant.recipe["gptq"]
-    assert "gptq scales" in card and (
-        f"`model-mixed-emb8w.pte`: int4 weights GPTQ-rounded on {gptq['tokens']} tokens of calib_en.txt; "
-        f"{len(plan['eight_bit'])} of "
-    ) in card
+    assert (
+        "gptq scales" in card
+        and (
+            f"`model-mixed-emb8w.pte`: int4 weights GPTQ-rounded on {gptq['tokens']} tokens of calib_en.txt; "
+            f"{len(plan['eight_bit'])} of "
+        )
+        in card
+    )
     assert "--qmode mixed" in manifest.command and "--max-size-ratio 1.2" in manifest.command
 
 
