@@ -111,15 +111,18 @@ def budget_label(options: ExportOptions) -> str:
     )
 
 
+def calibration_text(text_file: str | None = None) -> str:
+    """The calibration text: the user's ``text_file`` (checked), or the shipped prose."""
+    if text_file is None:
+        return resources.files("hub_export").joinpath("data", CALIBRATION_TEXT).read_text(encoding="utf-8")
+    return read_calibration_text(text_file)
+
+
 def calibration_text_ids(tokenizer_json: Path, text_file: str | None = None) -> list[int]:
     """Every token id of the calibration text: the user's ``text_file``, or the shipped prose."""
     from tokenizers import Tokenizer
 
-    if text_file is None:
-        text = resources.files("hub_export").joinpath("data", CALIBRATION_TEXT).read_text(encoding="utf-8")
-    else:
-        text = read_calibration_text(text_file)
-    return Tokenizer.from_file(str(tokenizer_json)).encode(text).ids
+    return Tokenizer.from_file(str(tokenizer_json)).encode(calibration_text(text_file)).ids
 
 
 def calibration_ids(tokenizer_json: Path, tokens: int, text_file: str | None = None) -> tuple[torch.Tensor, int]:
@@ -348,11 +351,15 @@ def round_int4(
     """GPTQ's int4 codes for every linear a grouped int4 variant rounds (:mod:`hub_export.gptq`), calibrated on the
     whole calibration text (up to :data:`hub_export.gptq.MAX_TOKENS` tokens) in windows no longer than the file's
     context (``max_seq_len``: the positions its activations will come from). ``model`` is the fp32 model."""
+    from tokenizers import Tokenizer
+
     from . import gptq  # imports torch: this module is imported by the option checks, which must not
 
     vocabulary = model.get_input_embeddings().num_embeddings
+    text = calibration_text(options.calibration_text)  # read once, for the plain windows and the chat passages
+    tokenizer = Tokenizer.from_file(str(tokenizer_json))
     # A tokenizer may know more tokens than the model has rows (small test models do); GPTQ only needs activations.
-    ids = [i for i in calibration_text_ids(tokenizer_json, options.calibration_text) if i < vocabulary]
+    ids = [i for i in tokenizer.encode(text).ids if i < vocabulary]
     linears = _linears(model, options.group_size)
     if options.share_embeddings:  # the output projection is stored int8 as the embedding table: never int4
         head = model.get_output_embeddings()
@@ -360,34 +367,27 @@ def round_int4(
     total = min(len(ids), gptq.MAX_TOKENS)
     label = text_label(options.calibration_text, total)
     window = min(gptq.WINDOW, max_seq_len or gptq.WINDOW)
-    chats = [[i for i in chat if i < vocabulary] for chat in _conversations(tokenizer_json, options.calibration_text)]
+    chats = [[i for i in chat if i < vocabulary] for chat in _conversations(tokenizer, tokenizer_json.parent, text)]
     return gptq.round_linears(model, linears, ids, options.group_size, label, say, window, chats)
 
 
 CHAT_PASSAGES = 32  # passages of the calibration text also calibrated as chat turns
 
 
-def _conversations(tokenizer_json: Path, text_file: str | None) -> list[list[int]]:
+def _conversations(tokenizer, tokenizer_dir: Path, text: str) -> list[list[int]]:
     """Passages of the calibration text as chat exchanges in the model's own template (its first sentence asked,
     the rest answered), tokenized: a chat model runs behind its template's special tokens, and GPTQ must see
     the activations they bring (calibrated on plain text only, SmolLM2's file answered "What is the capital
     of France?" with nonsense though its perplexity was better). None when the model has no chat template."""
-    from tokenizers import Tokenizer
-
     from .chat import chat_template, render_chat_messages  # imports jinja2: only an export that calibrates needs it
 
-    if chat_template(tokenizer_json.parent) is None:
+    if chat_template(tokenizer_dir) is None:
         return []
-    if text_file is None:
-        text = resources.files("hub_export").joinpath("data", CALIBRATION_TEXT).read_text(encoding="utf-8")
-    else:
-        text = read_calibration_text(text_file)
-    tokenizer = Tokenizer.from_file(str(tokenizer_json))
     conversations = []
     for passage in [p.strip() for p in text.split("\n\n") if len(p.split()) > 20][:CHAT_PASSAGES]:
         ask, _, answer = passage.partition(". ")
         try:
-            prompt = render_chat_messages(tokenizer_json.parent, [{"role": "user", "content": ask + "."}])
+            prompt = render_chat_messages(tokenizer_dir, [{"role": "user", "content": ask + "."}])
         except InputError:  # a template that refuses a plain user turn: calibrate on the text alone
             return []
         conversations.append(tokenizer.encode(prompt + answer, add_special_tokens=False).ids)
