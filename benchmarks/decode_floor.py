@@ -144,6 +144,8 @@ def build_floor(qmode: str, path: Path, attention: bool = False) -> Path:
 
 _ROUND = """
 import json, statistics, sys, time
+from hub_export.process_env import apply_xnnpack_isa
+apply_xnnpack_isa()  # HUB_EXPORT_XNNPACK_ISA, where a benchmark sets it
 import torch
 from executorch.extension.pybindings.portable_lib import _load_for_executorch
 import hub_export.runtime as runtime

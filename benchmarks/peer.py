@@ -280,6 +280,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=9)
     parser.add_argument("--one-at-a-time", action="store_true", help="Export with one tool after the other.")
     parser.add_argument("--speed-only", action="store_true", help="Reuse the files of the last run's exports.")
+    parser.add_argument("--isa", choices=["avx2"], help="Run both files on XNNPACK's kernels for this older CPU.")
     args = parser.parse_args()
 
     from hub_export.manifest import machine_description
@@ -288,8 +289,13 @@ def main() -> None:
     peer_venv()
     source = source_folder(args.family)
     name = run_name(args.family, args.qmode)
-    results_name = f"peer-{name}" + ("-one-at-a-time" if args.one_at_a_time else "")  # each layout keeps its table
-    previous = RESULTS / f"{results_name}.json"
+    exports_name = f"peer-{name}" + ("-one-at-a-time" if args.one_at_a_time else "")  # each layout keeps its table
+    results_name = exports_name + (f"-{args.isa}" if args.isa else "")
+    previous = RESULTS / f"{exports_name}.json"
+    if args.isa:
+        from hub_export.process_env import XNNPACK_ISA_ENV
+
+        os.environ[XNNPACK_ISA_ENV] = args.isa  # read by each fresh runner process
     if args.speed_only and previous.is_file():
         exported = json.loads(previous.read_text())["export"]
         layout = json.loads(previous.read_text())["export_layout"]
@@ -306,11 +312,14 @@ def main() -> None:
         "export": exported,
         "speed": speed,
         "peer_versions": peer_versions(),
-        "machine": machine_description(),
+        "machine": machine_description() + (f"; XNNPACK on its {args.isa.upper()} kernels" if args.isa else ""),
+        "isa": args.isa or "native",
         "command": f"python -m benchmarks.peer --qmode {args.qmode}"
         + (f" --family {args.family}" if args.family != "smollm2" else "")
         + (" --one-at-a-time" if args.one_at_a_time else "")
-        + (f" --rounds {args.rounds}" if args.rounds != 9 else ""),
+        + (f" --rounds {args.rounds}" if args.rounds != 9 else "")
+        + (" --speed-only" if args.speed_only else "")
+        + (f" --isa {args.isa}" if args.isa else ""),
     }
     write_results(results_name, result, markdown(result))
 

@@ -102,14 +102,19 @@ def main() -> None:
     parser.add_argument("--prompt-tokens", type=int, default=60)
     parser.add_argument("--steps", type=int, default=8)
     parser.add_argument("--threads", type=int, help="Size of ExecuTorch's thread pool (default: one per core).")
+    parser.add_argument("--isa", choices=["avx2"], help="Profile XNNPACK's kernels for this older CPU.")
     args = parser.parse_args()
+    if args.isa:
+        from hub_export.patches import restrict_xnnpack_isa
+
+        restrict_xnnpack_isa(args.isa)  # before ExecuTorch's runtime loads
     if args.threads:
         from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
 
         _unsafe_reset_threadpool(args.threads)
     for pte in args.files:
         result = profile(pte, args.prompt_tokens, args.steps)
-        suffix = f"-t{args.threads}" if args.threads else ""
+        suffix = (f"-t{args.threads}" if args.threads else "") + (f"-{args.isa}" if args.isa else "")
         write_results(f"profile-{pte.parent.name}-{pte.stem}{suffix}", result)
         print(f"\n{pte}: inputs {result['inputs']}")
         for phase in ("prefill_ms", "decode_ms_median"):

@@ -14,6 +14,7 @@ they go.
 from __future__ import annotations
 
 import argparse
+import os
 from pathlib import Path
 
 from benchmarks.decode_floor import one_round
@@ -58,8 +59,13 @@ def main() -> None:
     parser.add_argument("files", nargs="*", type=Path)
     parser.add_argument("--threads", nargs="+", type=int, default=[1, 2])
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--isa", choices=["avx2"], help="Run the files on XNNPACK's kernels for this older CPU.")
     args = parser.parse_args()
     from hub_export.manifest import machine_description
+    from hub_export.process_env import XNNPACK_ISA_ENV
+
+    if args.isa:
+        os.environ[XNNPACK_ISA_ENV] = args.isa  # read by each fresh round process
 
     files = {str(path): path for path in args.files} if args.files else DEFAULT_FILES
     for path in files.values():
@@ -69,10 +75,12 @@ def main() -> None:
         "threads": args.threads,
         "rounds": args.rounds,
         "decode_ms": measure(files, args.threads, args.rounds),
-        "machine": machine_description(),
-        "command": "python -m benchmarks.thread_scaling" + (" " + " ".join(map(str, args.files)) if args.files else ""),
+        "machine": machine_description() + (f"; XNNPACK on its {args.isa.upper()} kernels" if args.isa else ""),
+        "command": "python -m benchmarks.thread_scaling"
+        + (" " + " ".join(map(str, args.files)) if args.files else "")
+        + (f" --isa {args.isa}" if args.isa else ""),
     }
-    write_results("thread-scaling", result, markdown(result))
+    write_results("thread-scaling" + (f"-{args.isa}" if args.isa else ""), result, markdown(result))
 
 
 if __name__ == "__main__":

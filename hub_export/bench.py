@@ -24,7 +24,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from .errors import InputError, VerificationError
-from .process_env import pte_process_env
+from .process_env import XNNPACK_ISA_ENV, XNNPACK_ISAS, apply_xnnpack_isa, pte_process_env
 
 
 @dataclass
@@ -46,6 +46,7 @@ class BenchResult:
 
 def run_once(pte: str, prompt_tokens: int, gen_tokens: int, threads: int | None) -> dict:
     """One repeat, in this (fresh) process: the figures as a dict."""
+    isa = apply_xnnpack_isa()  # before ExecuTorch loads: XNNPACK picks its kernels once
     import torch
 
     from .patches import set_threads  # ExecuTorch's threadpool: sized in the measuring process only
@@ -73,6 +74,7 @@ def run_once(pte: str, prompt_tokens: int, gen_tokens: int, threads: int | None)
         "decode_tokens_per_s": gen_tokens / decode,
         "peak_rss_bytes": _peak_rss(),
         "threads": in_use,
+        "isa": isa or "native",
         "max_seq_len": limit,
     }
 
@@ -86,9 +88,17 @@ def _peak_rss() -> int:
 
 
 def bench(
-    pte: str | Path, prompt_tokens: int = 128, gen_tokens: int = 128, threads: int | None = None, repeat: int = 3
+    pte: str | Path,
+    prompt_tokens: int = 128,
+    gen_tokens: int = 128,
+    threads: int | None = None,
+    repeat: int = 3,
+    isa: str | None = None,
 ) -> BenchResult:
     """Measure ``pte`` ``repeat`` times, each in a fresh process (see the module's docstring).
+
+    ``isa="avx2"`` runs XNNPACK's AVX2 kernels on a CPU that has newer ones (AVX-512, VNNI): what the file does on an
+    AVX2 laptop's code path, on this machine's cores (:func:`hub_export.patches.restrict_xnnpack_isa`).
 
     Raises:
         InputError: the file is not a text-generation file, or prompt and generated tokens exceed its context.
@@ -105,15 +115,16 @@ def bench(
             f"--prompt-tokens {prompt_tokens} + --gen-tokens {gen_tokens} must fit the file's context of "
             f"{metadata['get_max_seq_len']} tokens"
         )
+    if isa is not None and isa not in XNNPACK_ISAS:
+        raise InputError(f"unknown --isa {isa!r}; choose one of: {', '.join(XNNPACK_ISAS)}")
     result = BenchResult(pte.name, prompt_tokens, gen_tokens)
     code = (
         "import json, sys; from hub_export.bench import run_once; print(json.dumps(run_once(*json.loads(sys.argv[1]))))"
     )
+    env = {**pte_process_env(), **({XNNPACK_ISA_ENV: isa} if isa else {})}
     for _ in range(repeat):
         arguments = json.dumps([str(pte), prompt_tokens, gen_tokens, threads])
-        done = subprocess.run(
-            [sys.executable, "-c", code, arguments], capture_output=True, text=True, env=pte_process_env()
-        )
+        done = subprocess.run([sys.executable, "-c", code, arguments], capture_output=True, text=True, env=env)
         if done.returncode != 0:
             last = (done.stderr.strip().splitlines() or ["no message"])[-1]
             raise VerificationError(f"{pte.name} failed while benchmarked ({last[:200]})")

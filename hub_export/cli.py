@@ -34,7 +34,7 @@ from .generate import Sampling
 from .generate import generate as run_generate
 from .manifest import Manifest, Variant
 from .options import ExportOptions, option_fields
-from .process_env import prepare_pte_process
+from .process_env import XNNPACK_ISAS, prepare_pte_process
 from .pull import list_variants, pull
 from .push import push
 from .quiet import quiet_libraries, quiet_torch
@@ -403,6 +403,12 @@ def bench(
     gen_tokens: int = typer.Option(128, "--gen-tokens", min=1, help="Tokens generated after it (end of text ignored)."),
     threads: int | None = typer.Option(None, "--threads", min=1, help="Threads (default: the performance cores)."),
     repeat: int = typer.Option(3, "--repeat", min=1, max=50, help="Runs, each in a fresh process."),
+    isa: str | None = typer.Option(
+        None,
+        "--isa",
+        help="Run XNNPACK's kernels for an older x86 CPU on this one (avx2: no AVX-512, no VNNI), to see what a file "
+        "does on such a laptop's code path.",
+    ),
     variant: str | None = typer.Option(None, help=VARIANT_HELP),
     as_json: bool = typer.Option(False, "--json", help="Print every run's figures as JSON."),
     endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
@@ -413,14 +419,17 @@ def bench(
 
     from .bench import bench as run_bench  # the ExecuTorch runtime: loaded when a file is run
 
+    if isa is not None and isa not in XNNPACK_ISAS:  # before a repo is downloaded
+        raise InputError(f"unknown --isa {isa!r}; choose one of: {', '.join(XNNPACK_ISAS)}")
     pte, _ = _locate_pte(target, variant, endpoint, token)
-    result = run_bench(pte, prompt_tokens, gen_tokens, threads, repeat)
+    result = run_bench(pte, prompt_tokens, gen_tokens, threads, repeat, isa=isa)
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(result)))
         return
     threads_used = result.runs[0].get("threads") or "default"
+    kernels = f", XNNPACK's {isa} kernels" if isa else ""
     table = Table(title=escape(f"{pte.name}: {prompt_tokens} prompt + {gen_tokens} generated tokens, {threads_used} "
-                                f"threads, {repeat} runs"))  # fmt: skip
+                                f"threads{kernels}, {repeat} runs"))  # fmt: skip
     for column in ("", "median", "min", "max"):
         table.add_column(column, justify="right")
     for name, label, scale in (("prefill_tokens_per_s", "prefill tok/s", 1), ("decode_tokens_per_s", "decode tok/s", 1),

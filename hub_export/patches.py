@@ -203,6 +203,68 @@ def set_threads(threads: int | None) -> int | None:
     return int(portable_lib._threadpool_get_thread_count())
 
 
+XNNPACK_ISA = Patch(
+    "XNNPACK kernel choice",
+    "executorch",
+    ("1.5.",),
+    "cpuinfo's cpuinfo_isa flags inside ExecuTorch's libexecutorch_threadpool.so, which XNNPACK reads once to pick its"
+    " kernels (no public setting exists)",
+    "hub-export bench --isa is refused: the file runs on the kernels for this CPU",
+)
+
+# Byte offsets in cpuinfo's ``struct cpuinfo_x86_isa`` on x86-64 (cpuinfo.h, as vendored by ExecuTorch 1.5): one
+# bool per feature. The ones named in ``_ISA_CHECKS`` are compared with the kernel's /proc/cpuinfo flags before
+# anything is written, so a different layout is refused instead of corrupting the struct.
+_ISA_CHECKS = {"avx": 22, "fma": 24, "f16c": 27, "avx2": 28, "avx512f": 29, "avx512_vnni": 41}
+# What an AVX2 CPU without AVX-512 or AVX-VNNI (AMD Zen 2/3, Intel before Ice Lake) lacks: avxvnni (23), the AVX-512
+# family, AVX10, AMX and the VEX-encoded VNNI/convert extensions (29-55).
+_ISA_OFF = {"avx2": (23, *range(29, 56))}
+
+
+def restrict_xnnpack_isa(isa: str) -> None:
+    """Make XNNPACK pick the kernels it would on an older x86 CPU (``"avx2"``: no AVX-512, no VNNI) in this process.
+
+    For measuring what a file does on such a CPU from a newer one: the same kernels, on this machine's cores and
+    caches (so not that machine's clock or memory). Call it before ExecuTorch's runtime loads: XNNPACK reads the
+    flags once, when its library initialises.
+
+    Raises:
+        InputError: ``isa`` is not one this knows, this machine lacks it, or ExecuTorch's runtime already loaded.
+        RuntimeError: this ExecuTorch's cpuinfo is not laid out as expected (nothing is written).
+    """
+    import ctypes
+    import os
+    import sys
+    from importlib.util import find_spec
+
+    from .errors import InputError  # local: this file imports no sibling at load time
+
+    if isa not in _ISA_OFF:  # process_env.XNNPACK_ISAS names the same
+        raise InputError(f"unknown --isa {isa!r}; choose one of: {', '.join(_ISA_OFF)}")
+    if not XNNPACK_ISA.applies():
+        raise InputError(f"--isa needs ExecuTorch {XNNPACK_ISA.versions[0]}x; this one cannot be told its CPU")
+    if any(name.startswith("executorch.extension.pybindings._") for name in sys.modules):
+        raise InputError("--isa must be set before ExecuTorch's runtime loads; use a fresh process")
+    flags = set()
+    with contextlib.suppress(OSError), open("/proc/cpuinfo") as cpuinfo:
+        flags = next((set(line.split(":", 1)[1].split()) for line in cpuinfo if line.startswith("flags")), set())
+    if isa not in flags:
+        raise InputError(f"this CPU has no {isa}: XNNPACK cannot run {isa} kernels here")
+    spec = find_spec("executorch")
+    root = next(iter(spec.submodule_search_locations)) if spec and spec.submodule_search_locations else None
+    if root is None:
+        raise InputError("ExecuTorch is not installed")
+    library = ctypes.CDLL(os.path.join(root, "lib", "libexecutorch_threadpool.so"), mode=ctypes.RTLD_GLOBAL)
+    if not library.cpuinfo_initialize():
+        raise RuntimeError("cpuinfo could not read this CPU")
+    features = (ctypes.c_uint8 * 64).in_dll(library, "cpuinfo_isa")
+    wrong = [name for name, offset in _ISA_CHECKS.items() if bool(features[offset]) != (name in flags)]
+    if wrong:
+        raise RuntimeError(f"cpuinfo's flags are not where expected ({', '.join(wrong)}); nothing changed")
+    for offset in _ISA_OFF[isa]:
+        features[offset] = 0
+
+
 def ray_task_attempt() -> int | None:
     """Which run of the current Ray task this is (0 the first), or None where this Ray does not say."""
     if not RAY_ATTEMPTS.applies():

@@ -16,6 +16,10 @@ import os
 import sys
 
 PTE_PROCESS_ENV = {"MKL_NUM_THREADS": "1"}
+# Set (to "avx2") in a measuring process's environment: XNNPACK runs the kernels of that older CPU
+# (:func:`hub_export.patches.restrict_xnnpack_isa`). Used by ``hub-export bench --isa`` and the benchmarks.
+XNNPACK_ISA_ENV = "HUB_EXPORT_XNNPACK_ISA"
+XNNPACK_ISAS = ("avx2",)
 
 
 def pte_process_env() -> dict[str, str]:
@@ -30,3 +34,14 @@ def prepare_pte_process() -> bool:
     for name, value in PTE_PROCESS_ENV.items():
         os.environ.setdefault(name, value)
     return True
+
+
+def apply_xnnpack_isa() -> str | None:
+    """Restrict XNNPACK's kernels as :data:`XNNPACK_ISA_ENV` asks, in a fresh process before ExecuTorch loads;
+    returns the instruction set in use when one was asked for."""
+    isa = os.environ.get(XNNPACK_ISA_ENV) or None
+    if isa:
+        from .patches import restrict_xnnpack_isa  # torch and ctypes: loaded only when asked
+
+        restrict_xnnpack_isa(isa)
+    return isa

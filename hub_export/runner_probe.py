@@ -19,6 +19,10 @@ def main() -> None:
     pte, tokenizer, new_tokens, out = sys.argv[1:5]
     data = sys.argv[5] if len(sys.argv) > 5 else None
     prompt = sys.stdin.buffer.read().decode()
+    if os.environ.get("HUB_EXPORT_XNNPACK_ISA"):  # a benchmark's AVX2 rounds: before ExecuTorch loads
+        from hub_export.process_env import apply_xnnpack_isa
+
+        apply_xnnpack_isa()
     # Registers custom_sdpa, update_cache and the quantized embedding kernels with the runtime.
     import executorch.extension.llm.custom_ops.custom_ops
     import executorch.kernels.quantized  # noqa: F401
