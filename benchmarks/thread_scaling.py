@@ -78,6 +78,7 @@ def main() -> None:
         "machine": machine_description() + (f"; XNNPACK on its {args.isa.upper()} kernels" if args.isa else ""),
         "command": "python -m benchmarks.thread_scaling"
         + (" " + " ".join(map(str, args.files)) if args.files else "")
+        + (f" --rounds {args.rounds}" if args.rounds != 5 else "")
         + (f" --isa {args.isa}" if args.isa else ""),
     }
     write_results("thread-scaling" + (f"-{args.isa}" if args.isa else ""), result, markdown(result))
