@@ -74,15 +74,20 @@ bench-recipes: $(STAMP)
 
 # hub-export against optimum-executorch 1.1.0 (its own venv under benchmarks/work), same models, same runs:
 # SmolLM2 8da4w and 8da8w, a Qwen3-shaped model (8 layers, random weights), then the floors under
-# the 8da4w and 8da8w files and both files' decode with one thread and two; about 90 minutes (AVX-512 VNNI).
+# the 8da4w and 8da8w files and both files' decode with one thread and two; the 8da4w files, floor and threads
+# again on XNNPACK's AVX2 kernels (--isa avx2); the int4 group size's speed and quality; about 110 minutes.
 bench-peer: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w --speed-only --isa avx2
+	$(PY) -m benchmarks.decode_floor --qmode 8da4w --isa avx2
+	$(PY) -m benchmarks.thread_scaling --isa avx2
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da8w
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w --family qwen3
 	$(PY) -m benchmarks.decode_floor --qmode 8da4w
 	$(PY) -m benchmarks.decode_floor --qmode 8da8w
 	$(PY) -m benchmarks.thread_scaling
 	$(PY) -m benchmarks.sdpa_threads
+	$(PY) -m benchmarks.group_size
 
 # A batch of two models x two qmodes on a Ray cluster of one node, then two (both on this machine); about 15 minutes.
 bench-cluster: $(STAMP)
