@@ -16,7 +16,6 @@ Writes ``benchmarks/results/group-size.{json,md}``. A benchmark, not a test.
 from __future__ import annotations
 
 import argparse
-import copy
 import json
 import os
 import subprocess
@@ -102,30 +101,14 @@ def measure_speed(groups: list[str], rounds: int) -> dict:
 
 
 def measure_quality(groups: list[int]) -> dict:
-    from tokenizers import Tokenizer
-
-    from benchmarks.int4_rounding import TEXTS, _perplexity, _windows
-    from hub_export import tasks
-    from hub_export.build import load_model, token_ids
-    from hub_export.calibrate import round_int4
-    from hub_export.demo import packaged_smollm2
-    from hub_export.gguf_source import converted_folder
+    from benchmarks.int4_rounding import TEXTS, _perplexity, reference, rounded
     from hub_export.options import ExportOptions
-    from hub_export.quantize import quantize_model
-    from hub_export.verify import _bos_prefix
 
-    folder, _ = converted_folder(packaged_smollm2())
-    model = load_model(folder, False, tasks.TEXT_GENERATION).eval()
-    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
-    bos = _bos_prefix(tokenizer, token_ids(model)[0])
-    windows = {text: _windows(tokenizer, bos, text) for text in TEXTS}
-    fp32 = {text: _perplexity(model, windows[text]) for text in TEXTS}
+    model, folder, _, windows, fp32 = reference("smollm2")
     ratios = {}
     for group in groups:
         options = ExportOptions(qmodes=("8da4w",), qembedding="8w", int4_scales="gptq", group_size=group)
-        rounding = round_int4(model, folder / "tokenizer.json", options)
-        quantized = copy.deepcopy(model)
-        quantize_model(quantized, "8da4w", "8w", group_size=group, recipe=options.recipe(rounding=rounding))
+        quantized, _ = rounded(model, folder, options)
         ratios[str(group)] = {text: round(_perplexity(quantized, windows[text]) / fp32[text], 4) for text in TEXTS}
         print(f"group {group}: {ratios[str(group)]}", flush=True)
     return ratios

@@ -52,17 +52,15 @@ def _perplexity(model, windows: list) -> float:
     return math.exp(total / count)
 
 
-def measure(name: str) -> dict:
-    """Every rounding of one packaged model: perplexity ratios on both texts, calibration time and tokens."""
+def reference(name: str) -> tuple:
+    """One packaged model in fp32: (model, its converted folder, its GGUF record, both texts' windows, fp32's
+    perplexity on them)."""
     from tokenizers import Tokenizer
 
     from hub_export import tasks
     from hub_export.build import load_model, token_ids
-    from hub_export.calibrate import round_int4
     from hub_export.demo import packaged_gemma3, packaged_smollm2
     from hub_export.gguf_source import converted_folder
-    from hub_export.options import ExportOptions
-    from hub_export.quantize import quantize_model
     from hub_export.verify import _bos_prefix
 
     gguf = packaged_smollm2() if name == "smollm2" else packaged_gemma3()
@@ -71,15 +69,31 @@ def measure(name: str) -> dict:
     tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
     bos = _bos_prefix(tokenizer, token_ids(model)[0])
     windows = {text: _windows(tokenizer, bos, text) for text in TEXTS}
-    fp32 = {text: _perplexity(model, windows[text]) for text in TEXTS}
+    return model, folder, record, windows, {text: _perplexity(model, windows[text]) for text in TEXTS}
+
+
+def rounded(model, folder, options) -> tuple:
+    """A copy of ``model`` in 8da4w (8-bit embeddings) as ``options`` round it, and GPTQ's rounding (or None)."""
+    from hub_export.calibrate import round_int4
+    from hub_export.quantize import quantize_model
+
+    rounding = round_int4(model, folder / "tokenizer.json", options) if options.int4_scales == "gptq" else None
+    quantized = copy.deepcopy(model)
+    quantize_model(quantized, "8da4w", "8w", group_size=options.group_size, recipe=options.recipe(rounding=rounding))
+    return quantized, rounding
+
+
+def measure(name: str) -> dict:
+    """Every rounding of one packaged model: perplexity ratios on both texts, calibration time and tokens."""
+    from hub_export.options import ExportOptions
+
+    model, folder, record, windows, fp32 = reference(name)
     result = {"model": f"{record['file']} ({record.get('quantization') or 'GGUF'}, dequantized)", "fp32": fp32,
               "tokens": {text: sum(w.shape[1] - 1 for w in windows[text]) for text in TEXTS}, "methods": {}}  # fmt: skip
     for method in METHODS:
         options = ExportOptions(qmodes=("8da4w",), qembedding="8w", int4_scales=method)
         started = time.perf_counter()
-        rounding = round_int4(model, folder / "tokenizer.json", options) if method == "gptq" else None
-        quantized = copy.deepcopy(model)
-        quantize_model(quantized, "8da4w", "8w", recipe=options.recipe(rounding=rounding))
+        quantized, rounding = rounded(model, folder, options)
         seconds = time.perf_counter() - started
         ratios = {text: _perplexity(quantized, windows[text]) / fp32[text] for text in TEXTS}
         result["methods"][method] = {
