@@ -31,7 +31,7 @@ import subprocess
 import sys
 from pathlib import Path
 
-from benchmarks.report import RESULTS, spread, write_results
+from benchmarks.report import RESULTS, machine_on_isa, spread, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / "work" / "decode-floor"
@@ -276,13 +276,7 @@ def main() -> None:
     )
     parser.add_argument("--isa", choices=["avx2"], help="Run every program on XNNPACK's kernels for this older CPU.")
     args = parser.parse_args()
-    if args.isa:
-        from hub_export.process_env import XNNPACK_ISA_ENV
-
-        os.environ[XNNPACK_ISA_ENV] = args.isa  # read by each fresh round process
-
-    from hub_export.manifest import machine_description
-
+    machine = machine_on_isa(args.isa)
     peer_run = RESULTS / f"peer-{args.qmode}.json"
     if not peer_run.is_file():
         raise SystemExit(f"no {peer_run.name}: run python -m benchmarks.peer --qmode {args.qmode} first")
@@ -297,7 +291,7 @@ def main() -> None:
         "mkl_num_threads": round_env(args.stock_mkl).get("MKL_NUM_THREADS", "default"),
         # What the files are held to against the peer's: on AVX2, decode 1.1x and prefill 1.25x.
         "targets": {"decode": 1.1, "prefill": 1.25} if args.isa else {"decode": 1.25, "prefill": 1.5},
-        "machine": machine_description() + (f"; XNNPACK on its {args.isa.upper()} kernels" if args.isa else ""),
+        "machine": machine,
         "command": f"python -m benchmarks.decode_floor --qmode {args.qmode}"
         + (" --stock-mkl" if args.stock_mkl else "")
         + (f" --rounds {args.rounds}" if args.rounds != 15 else "")

@@ -34,7 +34,7 @@ import time
 from pathlib import Path
 
 from benchmarks.bench_export import TreeMemory
-from benchmarks.report import RESULTS, spread, write_results
+from benchmarks.report import RESULTS, machine_on_isa, spread, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / "work" / "peer"
@@ -283,8 +283,6 @@ def main() -> None:
     parser.add_argument("--isa", choices=["avx2"], help="Run both files on XNNPACK's kernels for this older CPU.")
     args = parser.parse_args()
 
-    from hub_export.manifest import machine_description
-
     WORK.mkdir(parents=True, exist_ok=True)
     peer_venv()
     source = source_folder(args.family)
@@ -292,10 +290,7 @@ def main() -> None:
     exports_name = f"peer-{name}" + ("-one-at-a-time" if args.one_at_a_time else "")  # each layout keeps its table
     results_name = exports_name + (f"-{args.isa}" if args.isa else "")
     previous = RESULTS / f"{exports_name}.json"
-    if args.isa:
-        from hub_export.process_env import XNNPACK_ISA_ENV
-
-        os.environ[XNNPACK_ISA_ENV] = args.isa  # read by each fresh runner process
+    machine = machine_on_isa(args.isa)
     if args.speed_only and previous.is_file():
         exported = json.loads(previous.read_text())["export"]
         layout = json.loads(previous.read_text())["export_layout"]
@@ -312,7 +307,7 @@ def main() -> None:
         "export": exported,
         "speed": speed,
         "peer_versions": peer_versions(),
-        "machine": machine_description() + (f"; XNNPACK on its {args.isa.upper()} kernels" if args.isa else ""),
+        "machine": machine,
         "isa": args.isa or "native",
         "command": f"python -m benchmarks.peer --qmode {args.qmode}"
         + (f" --family {args.family}" if args.family != "smollm2" else "")

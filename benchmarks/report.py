@@ -9,6 +9,20 @@ from pathlib import Path
 RESULTS = Path(__file__).resolve().parent / "results"
 
 
+def machine_on_isa(isa: str | None) -> str:
+    """This machine's description; with ``isa``, also has every fresh round process this one starts run XNNPACK's
+    kernels for that older CPU (``HUB_EXPORT_XNNPACK_ISA``), and says so in the description."""
+    import os
+
+    from hub_export.manifest import machine_description
+    from hub_export.process_env import XNNPACK_ISA_ENV
+
+    if not isa:
+        return machine_description()
+    os.environ[XNNPACK_ISA_ENV] = isa  # read by each fresh round process
+    return machine_description() + f"; XNNPACK on its {isa.upper()} kernels"
+
+
 def spread(values: list[float], digits: int = 1) -> dict:
     """Median, min and max of repeated measurements, rounded to ``digits`` decimals."""
     return {

@@ -14,11 +14,10 @@ they go.
 from __future__ import annotations
 
 import argparse
-import os
 from pathlib import Path
 
 from benchmarks.decode_floor import one_round
-from benchmarks.report import spread, write_results
+from benchmarks.report import machine_on_isa, spread, write_results
 
 ROOT = Path(__file__).resolve().parent.parent
 DEFAULT_FILES = {
@@ -61,11 +60,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--isa", choices=["avx2"], help="Run the files on XNNPACK's kernels for this older CPU.")
     args = parser.parse_args()
-    from hub_export.manifest import machine_description
-    from hub_export.process_env import XNNPACK_ISA_ENV
-
-    if args.isa:
-        os.environ[XNNPACK_ISA_ENV] = args.isa  # read by each fresh round process
+    machine = machine_on_isa(args.isa)
 
     files = {str(path): path for path in args.files} if args.files else DEFAULT_FILES
     for path in files.values():
@@ -75,7 +70,7 @@ def main() -> None:
         "threads": args.threads,
         "rounds": args.rounds,
         "decode_ms": measure(files, args.threads, args.rounds),
-        "machine": machine_description() + (f"; XNNPACK on its {args.isa.upper()} kernels" if args.isa else ""),
+        "machine": machine,
         "command": "python -m benchmarks.thread_scaling"
         + (" " + " ".join(map(str, args.files)) if args.files else "")
         + (f" --rounds {args.rounds}" if args.rounds != 5 else "")
