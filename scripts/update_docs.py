@@ -31,6 +31,7 @@ SECTIONS = {
     "bench-peer-avx2": "peer-8da4w-avx2",
     "thread-scaling-avx2": "thread-scaling-avx2",
     "decode-floor-avx2": "decode-floor-8da4w-avx2",
+    "threadpool-calls-avx2": "threadpool-calls-avx2",
     "group-size": "group-size",
     "bench-llamacpp-smollm2": "llamacpp-smollm2",
     "bench-llamacpp-gemma3": "llamacpp-gemma3",
