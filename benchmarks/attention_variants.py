@@ -1,14 +1,15 @@
 """Attention formulations for the exported decoder, measured before any reaches hub_export.
 
-    python -m benchmarks.attention_variants                      # stock, one-delegate, bshd; 10 layers
+    python -m benchmarks.attention_variants                      # every variant but dispatch; 10 layers
     python -m benchmarks.attention_variants --variants stock bshd --layers 30
 
 A SmolLM2-135M-shaped model cut to ``--layers`` layers (random weights, 8da4w + 8-bit
 embeddings, max_seq_len 256) is exported once per variant, each in a fresh process that
 swaps the formulation in for the export only:
 
-- ``stock``: hub_export as it is (transformers' attention module, ``[B, H, S, D]`` tensors,
-  ``llama::update_cache`` then ``llama::custom_sdpa``: one XNNPACK partition per layer);
+- ``stock``: hub_export as it is (transformers' attention module and rotary embedding,
+  ``[B, H, S, D]`` tensors, ``llama::update_cache`` then ``llama::custom_sdpa``; the slices of
+  ``rotate_half`` stay outside XNNPACK: two partitions per layer);
 - ``one-delegate``: the cache in ``[Hkv, L, 1, D]`` layout read *before* the chunk is
   written (as the ring layers do), scores by ``bmm`` over the whole cache plus the chunk
   under one softmax, the chunk written after: nothing outside XNNPACK sits between a
@@ -24,9 +25,18 @@ swaps the formulation in for the export only:
 - ``bshd``: the stock kernels, but the attention block keeps ``[B, S, H, D]`` from the
   projections through rotary embedding, the cache write and ``custom_sdpa`` (the layout
   those two operators take), so none of the transposes around them remain;
-- ``stock-norm`` / ``stock-rotary``: hub_export without its XNNPACK-friendly RMSNorm
-  (transformers' own, whose ``mean`` stays outside XNNPACK) / without its rotate-half
-  product (the slice-and-concat, outside XNNPACK), as optimum-executorch exports them;
+- ``stock-norm``: hub_export without its XNNPACK-friendly RMSNorm (transformers' own, whose
+  ``mean`` stays outside XNNPACK, as optimum-executorch exports it);
+- ``rotary-gemm``: ``rotate_half`` as a 64x64 product with a signed permutation, which XNNPACK
+  takes, instead of the stock slice-and-concat whose slices it refuses at a dynamic length
+  (hub_export exported this way before: one partition per layer, but two more small fp32
+  GEMMs, each waking the thread pool);
+- ``fused``: k/v and gate/up as one GEMM each and rotary embedding without any GEMM, the halves
+  taken by masks and 4-D means so that every layer stays one partition;
+- ``halves``: each head's two rotary halves from GEMMs of their own, rotated without a slice
+  (one partition per layer; Llama-specific);
+- ``qkv`` / ``qkv-mlp``: q/k/v (and gate/up) as one GEMM each, the outputs sliced outside
+  XNNPACK;
 - ``split``: stock, but each layer's input passes through a ``select`` XNNPACK does not
   take, so a layer's partition ends after its MLP and a short one (norm, q/k/v, rotary)
   runs right before ``update_cache`` and ``custom_sdpa``, as in optimum-executorch's file;
@@ -34,8 +44,9 @@ swaps the formulation in for the export only:
   (``benchmarks.peer``'s venv and flags): the bar, on the same small model.
 
 Each file's logits are checked against the eager wrapper it was exported from (a 20-token
-prefill, then one decode step), then the files are timed alternately, a fresh process per
-round: a 60-token prefill (after one untimed) and the median of 63 decode steps.
+prefill, then one decode step), then the files are timed: a 60-token prefill (after one
+untimed) in alternated fresh processes, and decode steps of all files interleaved in one
+process (:mod:`benchmarks.paired_decode`), the ratio to the first variant per process.
 Prints a table. An experiment, not a test.
 """
 
@@ -50,7 +61,20 @@ from pathlib import Path
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / "work" / "attention"
 MAX_SEQ_LEN = 256
-VARIANTS = ("stock", "dispatch", "one-delegate", "bshd", "stock-norm", "stock-rotary", "split", "peer")
+VARIANTS = (
+    "stock",
+    "dispatch",
+    "one-delegate",
+    "bshd",
+    "stock-norm",
+    "rotary-gemm",
+    "split",
+    "fused",
+    "halves",
+    "qkv",
+    "qkv-mlp",
+    "peer",
+)
 DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != "dispatch")  # dispatch does not lower on executorch 1.5.1
 
 
@@ -171,6 +195,232 @@ def _split() -> None:
     modeling_llama.LlamaDecoderLayer.forward = forward
 
 
+def _fused():
+    """Fewer thread-pool barriers: k/v and gate/up as one GEMM each, rotary without a GEMM.
+
+    Every output row keeps its own weights and groups (quantization groups run along the
+    input), only reordered: ``k_proj``/``v_proj`` rows interleaved into one ``kv_proj``,
+    ``gate_proj``/``up_proj`` into one ``gate_up_proj``, and ``q``/``k`` rows of each head
+    put in rotary pairs ``(i, i + D/2)``. XNNPACK refuses slices of tensors with a dynamic
+    length, so each half is taken by a mask and a mean over the innermost pair (the 4-D
+    mean XNNPACK takes), and rotary embedding is two pair-means against ``2(cos, -sin)``
+    and ``2(sin, cos)``, exact in fp32 (a factor of 2, then a mean of two). Returns the
+    model transform to run before quantization.
+    """
+    import torch
+    from transformers.models.llama import modeling_llama
+
+    from hub_export import kv_cache
+
+    def pair_mean(x: torch.Tensor, factors: torch.Tensor, width: int) -> torch.Tensor:
+        # x * factors over (..., width, 2), then the mean of each innermost pair
+        return (x * factors).view(1, -1, 1, 2).mean(dim=(2, 3), keepdim=True).view(1, -1, width)
+
+    def rotary(self, x, position_ids):
+        freqs = position_ids[..., None].float() * self.inv_freq.to(dtype=torch.float)
+        cos, sin = freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
+        first = (torch.stack((cos, -sin), dim=-1) * 2).unsqueeze(2)  # [1, S, 1, D/2, 2]
+        second = (torch.stack((sin, cos), dim=-1) * 2).unsqueeze(2)
+        return first, second
+
+    def rotate(x: torch.Tensor, heads: int, dim: int, first, second) -> torch.Tensor:
+        pairs = x.view(1, -1, heads, dim // 2, 2)
+        low = pair_mean(pairs, first, heads * dim // 2).view(1, -1, heads, dim // 2)
+        high = pair_mean(pairs, second, heads * dim // 2).view(1, -1, heads, dim // 2)
+        return torch.cat((low, high), dim=-1)
+
+    def take(x: torch.Tensor, which: int, width: int) -> torch.Tensor:
+        mask = torch.tensor([2.0, 0.0] if which == 0 else [0.0, 2.0])
+        return pair_mean(x.view(1, -1, width, 2), mask, width)
+
+    def attention(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
+        heads, kv_heads, dim = self.config.num_attention_heads, self.config.num_key_value_heads, self.head_dim
+        first, second = position_embeddings
+        q = rotate(self.q_proj(hidden_states), heads, dim, first, second)
+        kv = self.kv_proj(hidden_states)
+        k = rotate(take(kv, 0, kv_heads * dim), kv_heads, dim, first, second)
+        v = take(kv, 1, kv_heads * dim).view(1, -1, kv_heads, dim)
+        store, i, start_pos = kv_cache.current_cache(), self.layer_idx, kv_cache.current_start_pos()
+        k_cache, v_cache = store.values("k", i)[0], store.values("v", i)[0]
+        torch.ops.llama.update_cache(k, k_cache, start_pos)
+        torch.ops.llama.update_cache(v, v_cache, start_pos)
+        out = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start_pos, None, 0.0, True, self.scaling)
+        return self.o_proj(out.view(1, -1, heads * dim)), None
+
+    def mlp(self, x):
+        gate_up = self.gate_up_proj(x)
+        gate, up = take(gate_up, 0, self.intermediate_size), take(gate_up, 1, self.intermediate_size)
+        return self.down_proj(self.act_fn(gate) * up)
+
+    modeling_llama.LlamaRotaryEmbedding.forward = rotary
+    modeling_llama.LlamaAttention.forward = attention
+    modeling_llama.LlamaMLP.forward = mlp
+
+    def in_pairs(weight: torch.Tensor, dim: int) -> torch.Tensor:
+        # each head's rows (i, i + D/2) next to each other
+        heads = weight.shape[0] // dim
+        return weight.view(heads, 2, dim // 2, -1).transpose(1, 2).reshape(weight.shape)
+
+    def interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
+        return torch.stack((a, b), dim=1).reshape(-1, a.shape[1])
+
+    def linear(weight: torch.Tensor) -> torch.nn.Linear:
+        layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        layer.weight.data.copy_(weight)
+        return layer
+
+    @torch.no_grad()
+    def transform(model):
+        for layer in model.model.layers:
+            attn, ffn = layer.self_attn, layer.mlp
+            dim = attn.head_dim
+            attn.q_proj = linear(in_pairs(attn.q_proj.weight, dim))
+            attn.kv_proj = linear(interleave(in_pairs(attn.k_proj.weight, dim), attn.v_proj.weight))
+            del attn.k_proj, attn.v_proj
+            ffn.gate_up_proj = linear(interleave(ffn.gate_proj.weight, ffn.up_proj.weight))
+            del ffn.gate_proj, ffn.up_proj
+        return model
+
+    return transform
+
+
+def _halves():
+    """Rotary embedding without ``rotate_half``: each head's two halves from GEMMs of their own.
+
+    ``q_proj`` and ``k_proj`` become two linears each (the rows of every head's first and
+    second half), so the rotation ``(lo cos - hi sin, hi cos + lo sin)`` needs neither a
+    slice (refused by XNNPACK at a dynamic length) nor the rotate-half product; one
+    partition per layer. Returns the model transform to run before quantization.
+    """
+    import torch
+    from transformers.models.llama import modeling_llama
+
+    from hub_export import kv_cache
+
+    def rotary(self, x, position_ids):
+        freqs = position_ids[..., None].float() * self.inv_freq.to(dtype=torch.float)
+        cos, sin = freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
+        return cos.unsqueeze(2), sin.unsqueeze(2)  # [1, S, 1, D/2]
+
+    def rotated(low_proj, high_proj, x, heads: int, half: int, cos, sin) -> torch.Tensor:
+        low, high = low_proj(x).view(1, -1, heads, half), high_proj(x).view(1, -1, heads, half)
+        return torch.cat((low * cos - high * sin, high * cos + low * sin), dim=-1)
+
+    def attention(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
+        heads, kv_heads, dim = self.config.num_attention_heads, self.config.num_key_value_heads, self.head_dim
+        cos, sin = position_embeddings
+        q = rotated(self.q_low, self.q_high, hidden_states, heads, dim // 2, cos, sin)
+        k = rotated(self.k_low, self.k_high, hidden_states, kv_heads, dim // 2, cos, sin)
+        v = self.v_proj(hidden_states).view(1, -1, kv_heads, dim)
+        store, i, start_pos = kv_cache.current_cache(), self.layer_idx, kv_cache.current_start_pos()
+        k_cache, v_cache = store.values("k", i)[0], store.values("v", i)[0]
+        torch.ops.llama.update_cache(k, k_cache, start_pos)
+        torch.ops.llama.update_cache(v, v_cache, start_pos)
+        out = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start_pos, None, 0.0, True, self.scaling)
+        return self.o_proj(out.view(1, -1, heads * dim)), None
+
+    modeling_llama.LlamaRotaryEmbedding.forward = rotary
+    modeling_llama.LlamaAttention.forward = attention
+
+    def linear(weight: torch.Tensor) -> torch.nn.Linear:
+        layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+        layer.weight.data.copy_(weight)
+        return layer
+
+    @torch.no_grad()
+    def transform(model):
+        for layer in model.model.layers:
+            attn = layer.self_attn
+            dim = attn.head_dim
+            for name in ("q", "k"):
+                weight = getattr(attn, f"{name}_proj").weight
+                heads = weight.shape[0] // dim
+                halves = weight.view(heads, 2, dim // 2, -1)
+                setattr(attn, f"{name}_low", linear(halves[:, 0].reshape(-1, weight.shape[1])))
+                setattr(attn, f"{name}_high", linear(halves[:, 1].reshape(-1, weight.shape[1])))
+                delattr(attn, f"{name}_proj")
+        return model
+
+    return transform
+
+
+def _shared_input(groups: tuple[tuple[str, ...], ...]):
+    """Projections of one input as one GEMM each.
+
+    Each group (``q/k/v``, ``gate/up``) becomes one linear over the rows of all (every row
+    keeps its weights and quantization groups); the first projection called computes it, the
+    others take their slice of that output. The slices stay outside XNNPACK, like the rotary
+    slices. Returns the model transform to run before quantization.
+    """
+    import torch
+
+    class Fused(torch.nn.Module):
+        def __init__(self, linears):
+            super().__init__()
+            weight = torch.cat([linear.weight for linear in linears])
+            self.linear = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+            self.linear.weight.data.copy_(weight)
+            self.sizes = [linear.out_features for linear in linears]
+            self.seen, self.parts = None, None
+
+        def part(self, x, index):
+            if self.seen is not x:
+                self.seen, self.parts = x, self.linear(x).split(self.sizes, dim=-1)
+            return self.parts[index]
+
+    class Part(torch.nn.Module):
+        def __init__(self, fused, index):
+            super().__init__()
+            object.__setattr__(self, "fused", fused)  # owned by the parent module, not registered twice
+            self.index = index
+
+        def forward(self, x):
+            return self.fused.part(x, self.index)
+
+    @torch.no_grad()
+    def transform(model):
+        for layer in model.model.layers:
+            for parent in (layer.self_attn, layer.mlp):
+                for names in groups:
+                    if not all(hasattr(parent, name) for name in names):
+                        continue
+                    fused = Fused([getattr(parent, name) for name in names])
+                    parent.fused_projections = fused
+                    for index, name in enumerate(names):
+                        setattr(parent, name, Part(fused, index))
+        return model
+
+    return transform
+
+
+def _rotary_gemm():
+    """``rotate_half`` as a product with a signed permutation (exact: one non-zero term per output), which
+    XNNPACK takes, instead of the slice-and-concat it cannot take at a dynamic length. Returns the model
+    transform that gives the model the permutation as a buffer (export sees a static parameter)."""
+    import torch
+    from transformers.models.llama import modeling_llama
+
+    owner = {}
+
+    def rotate_half(x: torch.Tensor) -> torch.Tensor:
+        weight = getattr(owner["model"], f"rotate_half_weight_{x.shape[-1]}")
+        flat = x.contiguous().view(-1, x.shape[-1])
+        return torch.nn.functional.linear(flat, weight).view(x.shape)
+
+    def transform(model):
+        dim = model.config.head_dim
+        half = dim // 2
+        weight = torch.zeros(dim, dim)
+        weight[:half, half:] = -torch.eye(half)
+        weight[half:, :half] = torch.eye(half)
+        model.register_buffer(f"rotate_half_weight_{dim}", weight, persistent=False)
+        owner["model"] = model
+        return model
+
+    modeling_llama.rotate_half = rotate_half
+    return transform
+
+
 def _without(patch_name: str) -> None:
     import contextlib
 
@@ -238,16 +488,22 @@ def export_variant(variant: str, layers: int) -> dict:
 
     if variant == "peer":
         return export_peer(layers)
-    {
+    transform = {
         "one-delegate": _one_delegate,
         "dispatch": _dispatch,
         "bshd": _bshd,
         "stock-norm": lambda: _without("delegable_norms"),
-        "stock-rotary": lambda: _without("delegable_rotary"),
+        "rotary-gemm": _rotary_gemm,
         "split": _split,
+        "fused": _fused,
+        "halves": _halves,
+        "qkv": lambda: _shared_input((("q_proj", "k_proj", "v_proj"),)),
+        "qkv-mlp": lambda: _shared_input((("q_proj", "k_proj", "v_proj"), ("gate_proj", "up_proj"))),
     }.get(variant, lambda: None)()
     config = smollm2_135m_config()
     model = _model(layers)
+    if transform is not None:
+        model = transform(model)
     quantize.quantize_model(model, "8da4w", "8w", 32)
     wrapped = ExportableDecoder(model, MAX_SEQ_LEN)
     prompt = torch.tensor([[(17 * i + 5) % 400 + 10 for i in range(20)]])
@@ -297,19 +553,28 @@ def main() -> None:
             cwd=ROOT,
         )
         records[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+    from benchmarks import paired_decode
     from benchmarks.decode_floor import measure
 
     timing = measure({name: (Path(record["pte"]), "file") for name, record in records.items()}, args.rounds)
-    print(f"{args.layers} layers, SmolLM2-135M widths, 8da4w + 8-bit embeddings, {args.rounds} alternated rounds:\n")
+    paired = paired_decode.measure([Path(record["pte"]) for record in records.values()], args.rounds)
+    first = next(iter(records))
     print(
-        "| variant | export + lower (s) | max abs diff vs eager | prefill 60 (ms) | decode step (ms), median (range) |"
+        f"{args.layers} layers, SmolLM2-135M widths, 8da4w + 8-bit embeddings, {args.rounds} alternated rounds "
+        f"of fresh processes (prefill), {args.rounds} of all files in one process, steps interleaved (decode):\n"
     )
-    print("|---|---|---|---|---|")
+    print(
+        "| variant | export + lower (s) | max abs diff vs eager | prefill 60 (ms) | decode step (ms), median (range) "
+        f"| decode step vs {first} |"
+    )
+    print("|---|---|---|---|---|---|")
     for name, record in records.items():
-        t = timing[name]
+        prefill, decode = timing[name]["prefill_ms"], paired[record["pte"]]
+        step, ratio = decode["decode_ms"], decode["vs_first"]
         print(
             f"| {name} | {record['export_seconds']:.0f} | {record['max_abs_diff_vs_eager']:.3f} | "
-            f"{t['prefill_ms']['median']:.1f} | {t['decode_ms']['median']:.2f} ({t['decode_ms']['min']:.2f}-{t['decode_ms']['max']:.2f}) |"
+            f"{prefill['median']:.1f} | {step['median']:.2f} ({step['min']:.2f}-{step['max']:.2f}) | "
+            f"{ratio['median']:.3f}x ({ratio['min']:.3f}-{ratio['max']:.3f}) |"
         )
 
 

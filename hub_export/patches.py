@@ -310,7 +310,7 @@ def map_large_allocations(threshold: int = 1 << 20) -> None:
         pass
 
 
-# -- transformers: XNNPACK-friendly norms and rotary embeddings (export only) -------------
+# -- transformers: XNNPACK-friendly norms (export only) ------------------------------------
 
 
 LLAMA_STYLE_RMSNORMS = frozenset(
@@ -359,44 +359,6 @@ def delegable_norms(model: torch.nn.Module):
     finally:
         for module in patched:
             del module.forward
-
-
-@guarded(
-    "rotate-half",
-    "transformers",
-    ("5.",),
-    upstream="the modeling modules' global rotate_half",
-    without="rotary slices stay outside XNNPACK, splitting every layer's delegate (slower decode)",
-    otherwise=False,
-)
-def delegable_rotary(wrapped):
-    """Temporarily swap ``rotate_half`` in the model's modeling module (export only).
-
-    XNNPACK does not delegate slices of dynamically shaped tensors, so the stock
-    slice-and-concat splits every layer's delegate. A product with a signed permutation
-    is exact (one non-zero term per output) and stays inside XNNPACK. The weight is a
-    buffer of the wrapper so that export sees a static parameter.
-    """
-    import sys
-
-    module = sys.modules.get(type(wrapped.model).__module__)
-    original = getattr(module, "rotate_half", None)
-    if original is None:
-        yield False
-        return
-
-    def rotate_half(x: torch.Tensor) -> torch.Tensor:
-        weight = getattr(wrapped, f"rotate_half_weight_{x.shape[-1]}", None)
-        if weight is None:  # a rotary width we did not foresee: keep the stock code
-            return original(x)
-        flat = x.contiguous().view(-1, x.shape[-1])
-        return torch.nn.functional.linear(flat, weight).view(x.shape)
-
-    module.rotate_half = rotate_half
-    try:
-        yield True
-    finally:
-        module.rotate_half = original
 
 
 # -- torch and ExecuTorch: lowering speed and memory ---------------------------------------

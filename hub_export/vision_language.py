@@ -51,12 +51,12 @@ from .image_classifier import draw
 from .kv_cache import ForwardContext, KVCache, plan_layers
 from .lower import runner_metadata
 from .manifest import Verification
-from .patches import delegable_norms, delegable_rotary, forget_compiled_globals
+from .patches import delegable_norms, forget_compiled_globals
 from .process_env import pte_process_env
 from .quantize import QMode
 from .speech import delegable_layer_norms
 from .verify import MAX_MEAN_KL, MIN_TOP1, TIE_NATS, eval_text  # the text decoder's bounds, one definition
-from .wrap import ATTENTION_NAME, needs_strict_tracing, register_attention, rotary_dims, rotate_half_weight
+from .wrap import ATTENTION_NAME, needs_strict_tracing, register_attention
 
 METHODS = ("vision_encoder", "token_embedding", "text_decoder")
 DEFAULT_SEQ_LEN = 1024
@@ -265,13 +265,11 @@ class EmbeddingsDecoder(nn.Module):
         register_attention()
         text_config = model.config.get_text_config()
         text_config._attn_implementation = ATTENTION_NAME
-        self.model = family.language_model(model)  # `model`: the name delegable_rotary looks for
+        self.model = family.language_model(model)
         self.lm_head = model.lm_head
         self.layout = plan_layers(text_config, max_seq_len)
         self.max_seq_len = self.layout.max_seq_len
         self.cache = KVCache(self.layout, dtype=torch.float32)
-        for dim in rotary_dims(text_config, self.layout.head_dim):
-            self.register_buffer(f"rotate_half_weight_{dim}", rotate_half_weight(dim), persistent=False)
 
     def forward(self, inputs_embeds: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         start_pos = cache_position[0].item()
@@ -351,7 +349,7 @@ def export(wrapped: VisionLanguageModel, max_seq_len: int) -> dict[str, torch.ex
     tokens = torch.export.Dim("tokens", min=1, max=wrapped.text_decoder.max_seq_len - 1)
     image = torch.zeros(1, 3, wrapped.image_size, wrapped.image_size, dtype=torch.uint8)
     ids = torch.zeros(1, 2, dtype=torch.long)
-    with torch.no_grad(), delegable_norms(wrapped), delegable_rotary(wrapped.text_decoder), forget_compiled_globals():
+    with torch.no_grad(), delegable_norms(wrapped), forget_compiled_globals():
         embeds = wrapped.token_embedding(ids)
         with vision_attention(wrapped, "eager"), delegable_layer_norms(wrapped.vision_encoder):
             vision = torch.export.export(wrapped.vision_encoder, (image,), strict=False)

@@ -21,7 +21,7 @@ from torch import nn
 
 from . import kv_cache
 from .kv_cache import CacheLayout, ForwardContext, KVCache, plan_layers
-from .patches import delegable_norms, delegable_rotary, forget_compiled_globals
+from .patches import delegable_norms, forget_compiled_globals
 
 ATTENTION_NAME = "hub_export_custom_sdpa"
 
@@ -101,8 +101,6 @@ class ExportableDecoder(nn.Module):
         self.layout = layout or plan_layers(text_config, max_seq_len)
         self.max_seq_len = self.layout.max_seq_len
         self.cache = KVCache(self.layout, dtype=model.dtype)
-        for dim in rotary_dims(text_config, self.layout.head_dim):
-            self.register_buffer(f"rotate_half_weight_{dim}", rotate_half_weight(dim), persistent=False)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
         start_pos = cache_position[0].item()
@@ -122,30 +120,6 @@ class ExportableDecoder(nn.Module):
                 logits_to_keep=1,
             )
         return out.logits
-
-
-# RMSNorm classes that compute ``weight * x * rsqrt(mean(x^2) + eps)`` in fp32, the
-# Llama formula. Gemma's ``(1 + weight)`` variant is deliberately absent.
-def rotary_dims(config, head_dim: int) -> set[int]:
-    """Widths ``rotate_half`` may see: the head, or its rotary part (partial rotary)."""
-    rope = getattr(config, "rope_parameters", None) or {}
-    factors = [
-        getattr(config, "partial_rotary_factor", None),
-        rope.get("partial_rotary_factor") if isinstance(rope, dict) else None,
-        getattr(config, "rotary_pct", None),
-    ]
-    dims = {head_dim}
-    dims.update(int(head_dim * f) for f in factors if f)
-    return {d for d in dims if d > 0 and d % 2 == 0}
-
-
-def rotate_half_weight(dim: int) -> torch.Tensor:
-    """``W`` with ``linear(x, W) == cat(-x[..., d/2:], x[..., :d/2])``: a signed permutation."""
-    half = dim // 2
-    weight = torch.zeros(dim, dim)
-    weight[:half, half:] = -torch.eye(half)
-    weight[half:, :half] = torch.eye(half)
-    return weight
 
 
 def needs_strict_tracing(layout: CacheLayout) -> bool:
@@ -170,7 +144,7 @@ def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
     if max_prefill > 1:  # a one-token prefill is a static graph
         seq = torch.export.Dim("seq", min=1, max=max_prefill)
         dynamic = ({1: seq}, {0: seq})
-    with torch.no_grad(), delegable_norms(wrapped.model), delegable_rotary(wrapped), forget_compiled_globals():
+    with torch.no_grad(), delegable_norms(wrapped.model), forget_compiled_globals():
         program = torch.export.export(
             wrapped, example, dynamic_shapes=dynamic, strict=needs_strict_tracing(wrapped.layout)
         )
