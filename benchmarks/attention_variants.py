@@ -47,7 +47,8 @@ Each file's logits are checked against the eager wrapper it was exported from (a
 prefill, then one decode step), then the files are timed: a 60-token prefill (after one
 untimed) in alternated fresh processes, and decode steps of all files interleaved in one
 process (:mod:`benchmarks.paired_decode`), the ratio to the first variant per process.
-Prints a table. An experiment, not a test.
+Writes ``benchmarks/results/attention-variants-<layers>l[-avx2].{json,md}``. An experiment, not a
+test.
 """
 
 from __future__ import annotations
@@ -530,52 +531,51 @@ def main() -> None:
     parser.add_argument("--variants", nargs="+", choices=VARIANTS, default=list(DEFAULT_VARIANTS))
     parser.add_argument("--layers", type=int, default=10)
     parser.add_argument("--rounds", type=int, default=5)
+    parser.add_argument("--isa", choices=["avx2"], help="Time every file on XNNPACK's kernels for this older CPU.")
     parser.add_argument("--export-one", help=argparse.SUPPRESS)  # internal: the per-variant process
     args = parser.parse_args()
     if args.export_one:
         print(json.dumps(export_variant(args.export_one, args.layers)))
         return
-    records = {}
-    for variant in args.variants:
-        done = subprocess.run(
-            [
-                sys.executable,
-                "-m",
-                "benchmarks.attention_variants",
-                "--export-one",
-                variant,
-                "--layers",
-                str(args.layers),
-            ],
-            capture_output=True,
-            text=True,
-            check=True,
-            cwd=ROOT,
-        )
-        records[variant] = json.loads(done.stdout.strip().splitlines()[-1])
     from benchmarks import paired_decode
     from benchmarks.decode_floor import measure
+    from benchmarks.report import machine_on_isa, write_results
 
+    records = {}
+    for variant in args.variants:
+        command = [sys.executable, "-m", "benchmarks.attention_variants", "--export-one", variant]
+        done = subprocess.run(
+            [*command, "--layers", str(args.layers)], capture_output=True, text=True, check=True, cwd=ROOT
+        )
+        records[variant] = json.loads(done.stdout.strip().splitlines()[-1])
+    machine = machine_on_isa(args.isa)  # after the exports: they verify on this machine's own kernels
     timing = measure({name: (Path(record["pte"]), "file") for name, record in records.items()}, args.rounds)
     paired = paired_decode.measure([Path(record["pte"]) for record in records.values()], args.rounds)
     first = next(iter(records))
-    print(
-        f"{args.layers} layers, SmolLM2-135M widths, 8da4w + 8-bit embeddings, {args.rounds} alternated rounds "
-        f"of fresh processes (prefill), {args.rounds} of all files in one process, steps interleaved (decode):\n"
+    command = (
+        f"python -m benchmarks.attention_variants --variants {' '.join(args.variants)} --layers {args.layers} "
+        f"--rounds {args.rounds}" + (f" --isa {args.isa}" if args.isa else "")
     )
-    print(
+    lines = [
+        f"{args.layers} layers, SmolLM2-135M widths, random weights, 8da4w + 8-bit embeddings; prefill: "
+        f"{args.rounds} alternated rounds of fresh processes; decode: {args.rounds} processes holding every "
+        f"file, steps interleaved (`benchmarks.paired_decode`); {machine}; `{command}`:",
+        "",
         "| variant | export + lower (s) | max abs diff vs eager | prefill 60 (ms) | decode step (ms), median (range) "
-        f"| decode step vs {first} |"
-    )
-    print("|---|---|---|---|---|---|")
+        f"| decode step vs {first} |",
+        "|---|---|---|---|---|---|",
+    ]
     for name, record in records.items():
         prefill, decode = timing[name]["prefill_ms"], paired[record["pte"]]
         step, ratio = decode["decode_ms"], decode["vs_first"]
-        print(
+        lines.append(
             f"| {name} | {record['export_seconds']:.0f} | {record['max_abs_diff_vs_eager']:.3f} | "
             f"{prefill['median']:.1f} | {step['median']:.2f} ({step['min']:.2f}-{step['max']:.2f}) | "
             f"{ratio['median']:.3f}x ({ratio['min']:.3f}-{ratio['max']:.3f}) |"
         )
+    result = {"machine": machine, "command": command, "records": records, "prefill": timing, "decode": paired}
+    name = f"attention-variants-{args.layers}l" + (f"-{args.isa}" if args.isa else "")
+    write_results(name, result, "\n".join(lines) + "\n")
 
 
 if __name__ == "__main__":

@@ -6,7 +6,8 @@ Fresh-process medians of one file at a time move by 10-20% here between runs (th
 speed drifts), which hides a difference of a few percent between two files. This loads
 every file into one process, runs the same 60-token prefill on each, then interleaves
 their decode steps (A, B, C, A, B, C, ...; 150 steps each, the same token and position for
-all), so drift hits every file alike, and reports each file's median step. ``--rounds``
+all; a program of ``benchmarks.decode_floor`` gets hidden states instead of tokens), so drift
+hits every file alike, and reports each file's median step. ``--rounds``
 fresh processes rotate the order of the files; the ratio to the first file is taken within
 each process, and its median and range over the rounds are the figure to read. The pool
 has ExecuTorch's default size (one thread per core), MKL one thread, as ``hub-export
@@ -37,15 +38,21 @@ import hub_export.runtime as runtime
 runtime._load_kernels()
 prompt, steps = int(sys.argv[1]), int(sys.argv[2])
 modules = [_load_for_executorch(path) for path in sys.argv[3:]]
-def inputs(count, position):
-    tokens = torch.tensor([[(17 * i + 5) % 400 + 10 for i in range(count)]], dtype=torch.long)
-    return [tokens, torch.arange(position, position + count, dtype=torch.long)]
-for module in modules:
-    module.run_method("forward", inputs(prompt, 0))
+def takes_tokens(module):
+    return module.method_meta("forward").input_tensor_meta(0).dtype() == 4  # int64 ids, else hidden states
+kinds = [takes_tokens(module) for module in modules]
+def inputs(tokens, count, position):
+    if tokens:
+        first = torch.tensor([[(17 * i + 5) % 400 + 10 for i in range(count)]], dtype=torch.long)
+    else:  # a program of benchmarks.decode_floor: hidden states in
+        first = torch.randn(1, count, 576, generator=torch.Generator().manual_seed(position))
+    return [first, torch.arange(position, position + count, dtype=torch.long)]
+for module, tokens in zip(modules, kinds):
+    module.run_method("forward", inputs(tokens, prompt, 0))
 times = [[] for _ in modules]
 for step in range(steps):
     for index, module in enumerate(modules):
-        args = inputs(1, prompt + step)
+        args = inputs(kinds[index], 1, prompt + step)
         start = time.perf_counter()
         module.run_method("forward", args)
         times[index].append(time.perf_counter() - start)
