@@ -75,12 +75,19 @@ bench-recipes: $(STAMP)
 # hub-export against optimum-executorch 1.1.0 (its own venv under benchmarks/work), same models, same runs:
 # SmolLM2 8da4w and 8da8w, a Qwen3-shaped model (8 layers, random weights), then the floors under
 # the 8da4w and 8da8w files and both files' decode with one thread and two; the 8da4w files, floor and threads
-# again on XNNPACK's AVX2 kernels (--isa avx2); the int4 group size's speed and quality; about 110 minutes.
+# again on XNNPACK's AVX2 kernels (--isa avx2), with both files and the floor programs paired in one process and
+# the attention formulations on 10 layers; the int4 group size's speed and quality; about 125 minutes.
+PAIRED_8DA4W = benchmarks/work/peer/ours-8da4w/model-8da4w-emb8w.pte benchmarks/work/peer/peer-8da4w/model.pte \
+	benchmarks/work/decode-floor/normed-8da4w.pte benchmarks/work/decode-floor/normed-sdpa-8da4w.pte
 bench-peer: $(STAMP)
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w --speed-only --isa avx2
 	$(PY) -m benchmarks.decode_floor --qmode 8da4w --isa avx2
+	$(PY) -m benchmarks.paired_decode $(PAIRED_8DA4W) --rounds 8 --isa avx2 --name floor-8da4w-avx2
+	$(PY) -m benchmarks.paired_decode $(PAIRED_8DA4W) --rounds 8 --name floor-8da4w
 	$(PY) -m benchmarks.thread_scaling --isa avx2
+	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.attention_variants \
+		--variants stock rotary-gemm qkv-mlp fused halves peer --layers 10 --rounds 8 --isa avx2
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da8w
 	PATH="$(CURDIR)/$(VENV)/bin:$$PATH" $(PY) -m benchmarks.peer --qmode 8da4w --family qwen3
 	$(PY) -m benchmarks.decode_floor --qmode 8da4w
