@@ -196,6 +196,15 @@ def _split() -> None:
     modeling_llama.LlamaDecoderLayer.forward = forward
 
 
+def _linear(weight):
+    """A bias-free ``nn.Linear`` holding ``weight`` (rows out, columns in)."""
+    import torch
+
+    layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
+    layer.weight.data.copy_(weight)
+    return layer
+
+
 def _fused():
     """Fewer thread-pool barriers: k/v and gate/up as one GEMM each, rotary without a GEMM.
 
@@ -265,20 +274,15 @@ def _fused():
     def interleave(a: torch.Tensor, b: torch.Tensor) -> torch.Tensor:
         return torch.stack((a, b), dim=1).reshape(-1, a.shape[1])
 
-    def linear(weight: torch.Tensor) -> torch.nn.Linear:
-        layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-        layer.weight.data.copy_(weight)
-        return layer
-
     @torch.no_grad()
     def transform(model):
         for layer in model.model.layers:
             attn, ffn = layer.self_attn, layer.mlp
             dim = attn.head_dim
-            attn.q_proj = linear(in_pairs(attn.q_proj.weight, dim))
-            attn.kv_proj = linear(interleave(in_pairs(attn.k_proj.weight, dim), attn.v_proj.weight))
+            attn.q_proj = _linear(in_pairs(attn.q_proj.weight, dim))
+            attn.kv_proj = _linear(interleave(in_pairs(attn.k_proj.weight, dim), attn.v_proj.weight))
             del attn.k_proj, attn.v_proj
-            ffn.gate_up_proj = linear(interleave(ffn.gate_proj.weight, ffn.up_proj.weight))
+            ffn.gate_up_proj = _linear(interleave(ffn.gate_proj.weight, ffn.up_proj.weight))
             del ffn.gate_proj, ffn.up_proj
         return model
 
@@ -323,11 +327,6 @@ def _halves():
     modeling_llama.LlamaRotaryEmbedding.forward = rotary
     modeling_llama.LlamaAttention.forward = attention
 
-    def linear(weight: torch.Tensor) -> torch.nn.Linear:
-        layer = torch.nn.Linear(weight.shape[1], weight.shape[0], bias=False)
-        layer.weight.data.copy_(weight)
-        return layer
-
     @torch.no_grad()
     def transform(model):
         for layer in model.model.layers:
@@ -337,8 +336,8 @@ def _halves():
                 weight = getattr(attn, f"{name}_proj").weight
                 heads = weight.shape[0] // dim
                 halves = weight.view(heads, 2, dim // 2, -1)
-                setattr(attn, f"{name}_low", linear(halves[:, 0].reshape(-1, weight.shape[1])))
-                setattr(attn, f"{name}_high", linear(halves[:, 1].reshape(-1, weight.shape[1])))
+                setattr(attn, f"{name}_low", _linear(halves[:, 0].reshape(-1, weight.shape[1])))
+                setattr(attn, f"{name}_high", _linear(halves[:, 1].reshape(-1, weight.shape[1])))
                 delattr(attn, f"{name}_proj")
         return model
 
