@@ -161,11 +161,21 @@ def _dispatch() -> None:
     kv_cache.attend = attend
 
 
-def _bshd() -> None:
+def _cached_attention(module, q, k, v):
+    """Write ``k``/``v`` (``[1, S, H, D]``) into the layer's cache, then ``custom_sdpa`` over it: ``[1, S, Hq, D]``."""
     import torch
-    from transformers.models.llama import modeling_llama
 
     from hub_export import kv_cache
+
+    store, i, start_pos = kv_cache.current_cache(), module.layer_idx, kv_cache.current_start_pos()
+    k_cache, v_cache = store.values("k", i)[0], store.values("v", i)[0]
+    torch.ops.llama.update_cache(k, k_cache, start_pos)
+    torch.ops.llama.update_cache(v, v_cache, start_pos)
+    return torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start_pos, None, 0.0, True, module.scaling)
+
+
+def _bshd() -> None:
+    from transformers.models.llama import modeling_llama
 
     def forward(self, hidden_states, position_embeddings=None, attention_mask=None, cache=None, **kwargs):
         batch, seq, _ = hidden_states.shape
@@ -173,14 +183,9 @@ def _bshd() -> None:
         k = self.k_proj(hidden_states).view(batch, seq, -1, self.head_dim)
         v = self.v_proj(hidden_states).view(batch, seq, -1, self.head_dim)
         cos, sin = (part.unsqueeze(2) for part in position_embeddings)
-        q = q * cos + modeling_llama.rotate_half(q) * sin  # looked up at call time: the export's patch applies
+        q = q * cos + modeling_llama.rotate_half(q) * sin  # looked up at call time: a variant's swap applies
         k = k * cos + modeling_llama.rotate_half(k) * sin
-        kv, i, start_pos = kv_cache.current_cache(), self.layer_idx, kv_cache.current_start_pos()
-        k_cache, v_cache = kv.values("k", i)[0], kv.values("v", i)[0]
-        torch.ops.llama.update_cache(k, k_cache, start_pos)
-        torch.ops.llama.update_cache(v, v_cache, start_pos)
-        out = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start_pos, None, 0.0, True, self.scaling)
-        return self.o_proj(out.reshape(batch, seq, -1)), None
+        return self.o_proj(_cached_attention(self, q, k, v).reshape(batch, seq, -1)), None
 
     modeling_llama.LlamaAttention.forward = forward
 
@@ -220,8 +225,6 @@ def _fused():
     import torch
     from transformers.models.llama import modeling_llama
 
-    from hub_export import kv_cache
-
     def pair_mean(x: torch.Tensor, factors: torch.Tensor, width: int) -> torch.Tensor:
         # x * factors over (..., width, 2), then the mean of each innermost pair
         return (x * factors).view(1, -1, 1, 2).mean(dim=(2, 3), keepdim=True).view(1, -1, width)
@@ -250,12 +253,7 @@ def _fused():
         kv = self.kv_proj(hidden_states)
         k = rotate(take(kv, 0, kv_heads * dim), kv_heads, dim, first, second)
         v = take(kv, 1, kv_heads * dim).view(1, -1, kv_heads, dim)
-        store, i, start_pos = kv_cache.current_cache(), self.layer_idx, kv_cache.current_start_pos()
-        k_cache, v_cache = store.values("k", i)[0], store.values("v", i)[0]
-        torch.ops.llama.update_cache(k, k_cache, start_pos)
-        torch.ops.llama.update_cache(v, v_cache, start_pos)
-        out = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start_pos, None, 0.0, True, self.scaling)
-        return self.o_proj(out.view(1, -1, heads * dim)), None
+        return self.o_proj(_cached_attention(self, q, k, v).view(1, -1, heads * dim)), None
 
     def mlp(self, x):
         gate_up = self.gate_up_proj(x)
@@ -300,8 +298,6 @@ def _halves():
     import torch
     from transformers.models.llama import modeling_llama
 
-    from hub_export import kv_cache
-
     def rotary(self, x, position_ids):
         freqs = position_ids[..., None].float() * self.inv_freq.to(dtype=torch.float)
         cos, sin = freqs.cos() * self.attention_scaling, freqs.sin() * self.attention_scaling
@@ -317,12 +313,7 @@ def _halves():
         q = rotated(self.q_low, self.q_high, hidden_states, heads, dim // 2, cos, sin)
         k = rotated(self.k_low, self.k_high, hidden_states, kv_heads, dim // 2, cos, sin)
         v = self.v_proj(hidden_states).view(1, -1, kv_heads, dim)
-        store, i, start_pos = kv_cache.current_cache(), self.layer_idx, kv_cache.current_start_pos()
-        k_cache, v_cache = store.values("k", i)[0], store.values("v", i)[0]
-        torch.ops.llama.update_cache(k, k_cache, start_pos)
-        torch.ops.llama.update_cache(v, v_cache, start_pos)
-        out = torch.ops.llama.custom_sdpa(q, k_cache, v_cache, start_pos, None, 0.0, True, self.scaling)
-        return self.o_proj(out.view(1, -1, heads * dim)), None
+        return self.o_proj(_cached_attention(self, q, k, v).view(1, -1, heads * dim)), None
 
     modeling_llama.LlamaRotaryEmbedding.forward = rotary
     modeling_llama.LlamaAttention.forward = attention
