@@ -149,12 +149,12 @@ def reference(gguf: Path, max_seq_len: int, tokens: int):
     from hub_export import tasks
     from hub_export.build import load_model, token_ids
     from hub_export.gguf_source import converted_folder
-    from hub_export.verify import _text_stats, build_sequences
+    from hub_export.verify import _eager_logits, _text_stats, build_sequences
 
     folder, _ = converted_folder(gguf)
     model = load_model(folder, False, tasks.TEXT_GENERATION)
     windows = build_sequences(folder / "tokenizer.json", max_seq_len, tokens, token_ids(model)[0]).windows
-    return windows, _text_stats(model, windows)
+    return windows, _text_stats(lambda window: _eager_logits(model, window), windows)
 
 
 def _scored(logprobs, fp32, top_ids) -> dict:

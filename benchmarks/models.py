@@ -91,3 +91,109 @@ def build_shaped(folder: str | Path, config) -> Path:
     tokenizer.add_tokens([f"<|pad_{i}|>" for i in range(missing)])
     tokenizer.save(str(folder / "tokenizer.json"))
     return folder
+
+
+def smollm2_360m_config():
+    """SmolLM2-360M's shape: Llama, hidden 960, 32 layers, 15 heads / 5 KV heads, tied embeddings."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=49152, hidden_size=960, intermediate_size=2560, num_hidden_layers=32, num_attention_heads=15,
+        num_key_value_heads=5, max_position_embeddings=8192, rope_theta=100000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+
+
+def smollm2_1_7b_config():
+    """SmolLM2-1.7B's shape: Llama, hidden 2048, 24 layers, 32 heads (no grouping), intermediate 8192, tied."""
+    from transformers import LlamaConfig
+
+    return LlamaConfig(
+        vocab_size=49152, hidden_size=2048, intermediate_size=8192, num_hidden_layers=24, num_attention_heads=32,
+        num_key_value_heads=32, max_position_embeddings=8192, rope_theta=130000.0, rms_norm_eps=1e-5,
+        tie_word_embeddings=True, bos_token_id=1, eos_token_id=2,
+    )  # fmt: skip
+
+
+def qwen3_4b_config():
+    """Qwen3-4B's shape: hidden 2560, 36 layers, 32 heads / 8 KV heads of 128, QK-norm, intermediate 9728, tied
+    embeddings of 151,936 rows."""
+    from transformers import Qwen3Config
+
+    return Qwen3Config(
+        vocab_size=151936, hidden_size=2560, intermediate_size=9728, num_hidden_layers=36, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=128, max_position_embeddings=40960, rope_theta=1_000_000.0,
+        rms_norm_eps=1e-6, tie_word_embeddings=True, bos_token_id=151643, eos_token_id=151645,
+    )  # fmt: skip
+
+
+SHARD_BYTES = 2 << 30  # checkpoint shards as the Hub writes them (a few GB each)
+
+
+def build_large_shaped(
+    folder: str | Path, config, dtype: str = "bfloat16", tokenizer_folder: Path | None = None
+) -> Path:
+    """Save a random-weight checkpoint of ``config``'s shape one tensor at a time (a 4B model never in memory):
+    safetensors shards in ``dtype`` (the Hub's checkpoints are bfloat16) with their index, normal(0, 0.02) weights
+    and unit norms, and the tokenizer of ``tokenizer_folder`` (a real one) or the demo tokenizer padded to the
+    vocabulary. Returns the folder; an existing one is kept."""
+    import json
+
+    import torch
+    from accelerate import init_empty_weights
+    from safetensors.torch import save_file
+    from transformers import AutoModelForCausalLM, GenerationConfig
+
+    folder = Path(folder)
+    if (folder / "model.safetensors.index.json").is_file():
+        return folder
+    folder.mkdir(parents=True, exist_ok=True)
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config)
+    model.tie_weights()
+    names = dict(model.named_parameters())  # tied weights once
+    generator = torch.Generator().manual_seed(0)
+    weight_map, shard, shard_bytes, shards = {}, {}, 0, []
+
+    def flush():
+        nonlocal shard, shard_bytes
+        if shard:
+            name = f"model-{len(shards) + 1:05d}.safetensors"
+            save_file(shard, str(folder / name), metadata={"format": "pt"})
+            shards.append(name)
+            weight_map.update(dict.fromkeys(shard, name))
+            shard, shard_bytes = {}, 0
+
+    for name, param in names.items():
+        if param.dim() == 1:
+            tensor = torch.ones(param.shape)
+        else:
+            tensor = torch.empty(param.shape).normal_(0.0, 0.02, generator=generator)
+        shard[name] = tensor.to(getattr(torch, dtype)).contiguous()
+        shard_bytes += shard[name].numel() * shard[name].element_size()
+        if shard_bytes >= SHARD_BYTES:
+            flush()
+    flush()
+    total = sum(p.numel() * torch.tensor([], dtype=getattr(torch, dtype)).element_size() for p in names.values())
+    index = {"metadata": {"total_size": total}, "weight_map": weight_map}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index, indent=2))
+    config.dtype = dtype
+    config.save_pretrained(folder)
+    GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=[config.eos_token_id]).save_pretrained(folder)
+    _tokenizer(folder, config.vocab_size, tokenizer_folder)
+    return folder
+
+
+def _tokenizer(folder: Path, vocab_size: int, real: Path | None) -> None:
+    import shutil
+
+    from hub_export.demo import train_tokenizer
+
+    if real is not None:
+        for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):
+            if (real / name).is_file():
+                shutil.copy(real / name, folder / name)
+        return
+    tokenizer = train_tokenizer()
+    tokenizer.add_tokens([f"<|pad_{i}|>" for i in range(vocab_size - tokenizer.get_vocab_size())])
+    tokenizer.save(str(folder / "tokenizer.json"))

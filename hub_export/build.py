@@ -15,7 +15,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import encoders, quantize, tasks
+from . import encoders, quantize, streaming, tasks
 from . import source as source_stage
 from .errors import VerificationError
 from .inspection import delegation_record, inspect_pte
@@ -268,8 +268,14 @@ def _quantized_copy(
     """
     opts = run.options
     run.say(f"[{name}] quantizing ({quantize.QMODES[qmode].description})", "quantize", name)
-    model = weight_sharing_copy(run.model)
     recipe = opts.recipe(frozenset(plan.eight_bit) if plan else frozenset(), run.int4_rounding)
+    if run.model is None and quantizer is None and streaming.can_stream(run.src, opts, run.task):
+        # read from the checkpoint one decoder layer at a time, each quantized as it arrives
+        model, fallback = streaming.quantized_model(
+            run.src, qmode, opts, recipe, lambda message: run.say(f"[{name}] {message}", "note", name)
+        )
+        return model, fallback, expect(model) if run.reference is not None else None
+    model = weight_sharing_copy(run.model)
     if quantizer is not None:
         fallback = quantizer(model, qmode, opts)
     else:

@@ -351,6 +351,45 @@ def round_int4(
     """GPTQ's int4 codes for every linear a grouped int4 variant rounds (:mod:`hub_export.gptq`), calibrated on the
     whole calibration text (up to :data:`hub_export.gptq.MAX_TOKENS` tokens) in windows no longer than the file's
     context (``max_seq_len``: the positions its activations will come from). ``model`` is the fp32 model."""
+    from . import gptq  # imports torch: this module is imported by the option checks, which must not
+
+    text = _gptq_text(model, tokenizer_json, options, max_seq_len)
+    linears = {
+        name: module for name, module in _linears(model, options.group_size).items() if text.wanted(name, module)
+    }
+    return gptq.round_linears(model, linears, text.ids, options.group_size, text.label, say, text.window, text.chats)
+
+
+def round_int4_layerwise(
+    layerwise,
+    tokenizer_json: Path,
+    options: ExportOptions,
+    say: Callable[[str], None] = lambda m: None,
+    max_seq_len: int | None = None,
+    passes: list = (),
+) -> Int4Rounding:
+    """:func:`round_int4` for a :class:`~hub_export.layerwise.LayerwiseModel`, each decoder layer read once;
+    ``passes`` (the verification reference) go through the layers in the same reading."""
+    from . import gptq  # imports torch: this module is imported by the option checks, which must not
+
+    text = _gptq_text(layerwise.model, tokenizer_json, options, max_seq_len)
+    return gptq.round_layerwise(
+        layerwise, text.wanted, text.ids, options.group_size, text.label, say, text.window, text.chats, passes
+    )
+
+
+@dataclass
+class _GptqText:
+    """What GPTQ calibrates on, and which linears it rounds."""
+
+    ids: list[int]
+    chats: list[list[int]]
+    label: str
+    window: int
+    wanted: Callable[[str, Any], bool]
+
+
+def _gptq_text(model, tokenizer_json: Path, options: ExportOptions, max_seq_len: int | None) -> _GptqText:
     from tokenizers import Tokenizer
 
     from . import gptq  # imports torch: this module is imported by the option checks, which must not
@@ -360,15 +399,16 @@ def round_int4(
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     # A tokenizer may know more tokens than the model has rows (small test models do); GPTQ only needs activations.
     ids = [i for i in tokenizer.encode(text).ids if i < vocabulary]
-    linears = _linears(model, options.group_size)
-    if options.share_embeddings:  # the output projection is stored int8 as the embedding table: never int4
-        head = model.get_output_embeddings()
-        linears = {name: module for name, module in linears.items() if module is not head}
+    # The output projection is stored int8 as the embedding table under --share-embeddings: never int4.
+    head = model.get_output_embeddings() if options.share_embeddings else None
+
+    def wanted(name: str, module) -> bool:
+        return module.in_features % options.group_size == 0 and module is not head
+
     total = min(len(ids), gptq.MAX_TOKENS)
-    label = text_label(options.calibration_text, total)
-    window = min(gptq.WINDOW, max_seq_len or gptq.WINDOW)
     chats = [[i for i in chat if i < vocabulary] for chat in _conversations(tokenizer, tokenizer_json.parent, text)]
-    return gptq.round_linears(model, linears, ids, options.group_size, label, say, window, chats)
+    window = min(gptq.WINDOW, max_seq_len or gptq.WINDOW)
+    return _GptqText(ids, chats, text_label(options.calibration_text, total), window, wanted)
 
 
 CHAT_PASSAGES = 32  # passages of the calibration text also calibrated as chat turns

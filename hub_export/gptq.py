@@ -26,13 +26,17 @@ Details that matter, measured on SmolLM2-135M-Instruct (``benchmarks/quant_recip
   text never does.
 
 The calibration reads the text in windows through the fp32 model with hooks on the
-linears; Hessians are kept for a bounded set of layers at a time (:data:`HESSIAN_BYTES`)
-and the forward pass stops after the last layer of the set, so memory stays flat for
-large models and a set costs only the layers up to it.
+linears. A model loaded whole keeps Hessians for a bounded set of layers at a time
+(:data:`HESSIAN_BYTES`), the forward pass stopping after the last layer of the set;
+a model read one decoder layer at a time (:func:`round_layerwise`) keeps the windows'
+hidden states between layers, so each layer is read and run once and the cost grows
+linearly with depth. Linears fed the same input (q/k/v, gate/up) share one Hessian.
+Both give the same codes: every Hessian is taken on fp32 activations.
 """
 
 from __future__ import annotations
 
+import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
@@ -47,6 +51,7 @@ SHRINKS = 21  # scale candidates per group: its largest magnitude times 1.0 down
 WINDOW = 512  # tokens per calibration forward pass
 MAX_TOKENS = 8192  # calibration tokens read at most
 HESSIAN_BYTES = 256 << 20  # Hessians held at once (float32)
+SCALE_ROWS = 256  # rows whose scales are searched at once (their temporaries fit in cache)
 BLOCK = 128  # columns rounded before the rest of the matrix is updated (the lazy batch of the paper)
 
 
@@ -94,26 +99,36 @@ class Int4Rounding:
 
 def _group_scales(weight: torch.Tensor, importance: torch.Tensor, group_size: int) -> torch.Tensor:
     """Per (row, group): the bf16 scale, among shrinks of the largest magnitude, with the least importance-weighted
-    rounding error. ``importance``: the Hessian's diagonal (how strongly each input column is driven)."""
+    rounding error. ``importance``: the Hessian's diagonal (how strongly each input column is driven).
+
+    Searched :data:`SCALE_ROWS` rows at a time with in-place temporaries, which keeps them in cache: 9x faster
+    than the whole matrix at once on an 8192 x 2048 weight, with the same result bit for bit."""
     import torch
 
     rows, cols = weight.shape
-    grouped = weight.reshape(rows, cols // group_size, group_size)
-    weights = importance.reshape(1, cols // group_size, group_size)
-    largest = grouped.abs().amax(-1, keepdim=True).clamp(min=1e-12)
-    best_scale, best_error = None, None
-    for shrink in torch.linspace(1.0, 0.6, SHRINKS):
-        # torchao's symmetric int4 scale is amax / 7.5; bf16 as XNNPACK stores it
-        scale = (largest * shrink / 7.5).to(torch.bfloat16).float().clamp(min=1e-12)
-        rounded = (grouped / scale).round().clamp(INT4_MIN, INT4_MAX) * scale
-        error = ((rounded - grouped) ** 2 * weights).sum(-1, keepdim=True)
-        if best_error is None:
-            best_scale, best_error = scale, error
-        else:
-            better = error < best_error
-            best_scale = torch.where(better, scale, best_scale)
-            best_error = torch.where(better, error, best_error)
-    return best_scale.squeeze(-1)
+    groups = cols // group_size
+    weights = importance.reshape(1, groups, group_size)
+    shrinks = torch.linspace(1.0, 0.6, SHRINKS)
+    chosen = torch.empty(rows, groups)
+    for start in range(0, rows, SCALE_ROWS):
+        grouped = weight[start : start + SCALE_ROWS].reshape(-1, groups, group_size)
+        largest = grouped.abs().amax(-1, keepdim=True).clamp(min=1e-12)
+        work = torch.empty_like(grouped)
+        best_scale, best_error = None, None
+        for shrink in shrinks:
+            # torchao's symmetric int4 scale is amax / 7.5; bf16 as XNNPACK stores it
+            scale = (largest * shrink / 7.5).to(torch.bfloat16).float().clamp(min=1e-12)
+            torch.div(grouped, scale, out=work)
+            work.round_().clamp_(INT4_MIN, INT4_MAX).mul_(scale).sub_(grouped).square_().mul_(weights)
+            error = work.sum(-1, keepdim=True)  # the importance-weighted squared rounding error per group
+            if best_error is None:
+                best_scale, best_error = scale, error
+            else:
+                better = error < best_error
+                best_scale = torch.where(better, scale, best_scale)
+                best_error = torch.where(better, error, best_error)
+        chosen[start : start + SCALE_ROWS] = best_scale.squeeze(-1)
+    return chosen
 
 
 def round_weight(weight: torch.Tensor, hessian: torch.Tensor, group_size: int) -> tuple[torch.Tensor, torch.Tensor]:
@@ -224,6 +239,136 @@ def _hessians(model: torch.nn.Module, linears: dict[str, torch.nn.Module], names
     return {name: 2 * sums[name] / max(counts[name], 1) for name in names}
 
 
+class _HessianSums:
+    """Input Hessians of some linears of one decoder layer, gathered by forward pre-hooks while the layer runs.
+
+    Linears fed the very same tensor in one call (q/k/v, gate/up) share one sum: it is computed once.
+    """
+
+    def __init__(self, linears: dict[str, torch.nn.Module]):
+        self.linears = linears
+        self.sums: dict[str, torch.Tensor] = {}
+        self.counts: dict[str, int] = {}
+        self.owner: dict[str, str] = {}  # linear -> the linear whose sum it shares
+        # id -> (first linear, the tensor): the tensor is held so its id cannot be reused within the call
+        self._seen: dict[int, tuple[str, torch.Tensor]] = {}
+
+    def add(self, name: str, x: torch.Tensor) -> None:
+        import torch
+
+        first, _ = self._seen.setdefault(id(x), (name, x))
+        self.owner.setdefault(name, first)
+        if first != name:  # this input was already counted for another linear of this call
+            return
+        flat = x.detach().reshape(-1, x.shape[-1]).float()
+        if name not in self.sums:
+            self.sums[name] = torch.zeros(flat.shape[1], flat.shape[1])
+            self.counts[name] = 0
+        self.sums[name].addmm_(flat.T, flat)
+        self.counts[name] += flat.shape[0]
+
+    @contextlib.contextmanager
+    def observing(self, layer: torch.nn.Module):
+        """Hooks on the linears (and on ``layer``, to start each call afresh) for the duration of the block."""
+
+        def collect(name: str):
+            return lambda module, inputs: self.add(name, inputs[0])
+
+        handles = [layer.register_forward_pre_hook(lambda module, args: self._seen.clear())]
+        handles += [module.register_forward_pre_hook(collect(name)) for name, module in self.linears.items()]
+        try:
+            yield
+        finally:
+            self._seen.clear()
+            for handle in handles:
+                handle.remove()
+
+    def hessian(self, name: str) -> torch.Tensor:
+        import torch
+
+        owner = self.owner.get(name, name)
+        if owner not in self.sums:  # never run on the text: every input column is dead
+            width = self.linears[name].in_features
+            return torch.zeros(width, width)
+        return 2 * self.sums[owner] / max(self.counts[owner], 1)
+
+    def sharing(self) -> list[list[str]]:
+        """The linears in groups that share one Hessian, in forward order."""
+        groups: dict[str, list[str]] = {}
+        for name in self.linears:
+            groups.setdefault(self.owner.get(name, name), []).append(name)
+        return list(groups.values())
+
+
+def _calibration_windows(ids: list[int], window: int, conversations) -> list:
+    import torch
+
+    ids = ids[:MAX_TOKENS]
+    windows = [torch.tensor([ids[i : i + window]]) for i in range(0, len(ids), window) if len(ids[i : i + window]) > 1]
+    return windows + [torch.tensor([chat[:window]]) for chat in conversations if len(chat) > 1]
+
+
+def round_layerwise(
+    layerwise,
+    wanted: Callable[[str, torch.nn.Module], bool],
+    ids: list[int],
+    group_size: int,
+    text: str,
+    say: Callable[[str], None] = lambda message: None,
+    window: int = WINDOW,
+    conversations: list[list[int]] = (),
+    passes: list = (),
+) -> Int4Rounding:
+    """GPTQ-round the linears ``wanted(name, module)`` picks in a :class:`~hub_export.layerwise.LayerwiseModel`,
+    reading each decoder layer from the checkpoint once: the calibration windows' hidden states go from layer to
+    layer in fp32, each layer's Hessians are gathered as they pass and its linears rounded before the next layer
+    is read. ``passes``: other :class:`~hub_export.layerwise.LayerPass` es walked in the same reading (the
+    verification reference). The output head, if wanted, is rounded last on the final norm's outputs."""
+    import torch
+
+    started = time.perf_counter()
+    calibration = layerwise.start(_calibration_windows(ids, window, conversations))
+    rounding = Int4Rounding(group_size, text=text, tokens=sum(int(w.shape[1]) for w in calibration.windows))
+    sums: dict[int, _HessianSums] = {}
+
+    def linears_of(index: int, layer) -> dict[str, torch.nn.Module]:
+        prefix = layerwise.layer_prefix(index)
+        found = {prefix + name: m for name, m in layer.named_modules() if isinstance(m, torch.nn.Linear)}
+        return {name: m for name, m in found.items() if wanted(name, m)}
+
+    def observe(index: int, layer):
+        sums[index] = _HessianSums(linears_of(index, layer))
+        return sums[index].observing(layer)
+
+    def round_layer(index: int, layer) -> None:
+        gathered = sums.pop(index)
+        for names in gathered.sharing():
+            # Linears sharing a Hessian are rounded as one matrix (GPTQ treats rows alike): the same codes, once.
+            weights = [gathered.linears[name].weight for name in names]
+            codes, scales = round_weight(torch.cat(weights), gathered.hessian(names[0]), group_size)
+            rows = [weight.shape[0] for weight in weights]
+            for name, part, part_scales in zip(names, codes.split(rows), scales.split(rows), strict=True):
+                rounding.add(name, part, part_scales)
+
+    calibration.observe = observe
+    layerwise.walk([calibration, *passes], round_layer, say, "GPTQ")
+    head = layerwise.model.get_output_embeddings()
+    name = _head_name(layerwise.model, head) if head is not None else None
+    if name is not None and wanted(name, head):
+        say("GPTQ: the output projection")
+        head_sums = _HessianSums({name: head})
+        for index in range(len(calibration.windows)):
+            head_sums.add(name, layerwise.head_inputs(calibration, index, head))  # the head itself is not run
+        codes, scales = round_weight(head.weight, head_sums.hessian(name), group_size)
+        rounding.add(name, codes, scales)
+    rounding.seconds = time.perf_counter() - started
+    return rounding
+
+
+def _head_name(model: torch.nn.Module, head: torch.nn.Module) -> str:
+    return next(name for name, module in model.named_modules() if module is head)
+
+
 def round_linears(
     model: torch.nn.Module,
     linears: dict[str, torch.nn.Module],
@@ -238,12 +383,9 @@ def round_linears(
     text, cut into ``window``-token windows, and on ``conversations`` (token lists fed from position 0 as they are:
     the text's passages in the model's chat template). ``model`` is the fp32 model; it is left as it was found.
     ``text`` names the text for the manifest."""
-    import torch
 
     started = time.perf_counter()
-    ids = ids[:MAX_TOKENS]
-    windows = [torch.tensor([ids[i : i + window]]) for i in range(0, len(ids), window) if len(ids[i : i + window]) > 1]
-    windows += [torch.tensor([chat[:window]]) for chat in conversations if len(chat) > 1]
+    windows = _calibration_windows(ids, window, conversations)
     rounding = Int4Rounding(group_size, text=text, tokens=sum(int(w.shape[1]) for w in windows))
     sets = _hessian_sets(linears)
     done = 0
@@ -258,9 +400,9 @@ def round_linears(
     return rounding
 
 
-def apply(model: torch.nn.Module, rounding: Int4Rounding) -> int:
+def apply(model: torch.nn.Module, rounding: Int4Rounding, only: Callable[[str], bool] = lambda name: True) -> int:
     """Put ``rounding``'s codes and scales into ``model``'s int4-quantized linears (torchao's ``IntxUnpackedToInt8Tensor``
-    weights, as 8da4w's quantization left them); returns how many were replaced.
+    weights, as 8da4w's quantization left them) that ``only(name)`` picks; returns how many were replaced.
 
     Raises:
         RuntimeError: a layer's quantized weight is not the grouped int4 tensor the codes were made for.
@@ -269,7 +411,7 @@ def apply(model: torch.nn.Module, rounding: Int4Rounding) -> int:
 
     replaced = 0
     for name, module in model.named_modules():
-        if name not in rounding or not isinstance(module, torch.nn.Linear):
+        if name not in rounding or not isinstance(module, torch.nn.Linear) or not only(name):
             continue
         weight = module.weight
         codes, scales = rounding.codes(name), rounding.scales[name]

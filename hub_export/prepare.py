@@ -16,7 +16,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import archs, quantize, tasks
+from . import archs, quantize, streaming, tasks
 from . import source as source_stage
 from .calibrate import MixedPlan, plan_mixed, round_int4
 from .chat import chat_template
@@ -226,6 +226,14 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
 
         seq_len = stages(task).seq_len(src.path, src.config, options.max_seq_len)
     map_large_allocations()
+    files = {name: (src.path / name).read_bytes() for name in COPIED_FILES if (src.path / name).is_file()}
+    if streaming.can_stream(src, options, task):
+        say(f"reading {src.name} ({src.model_type}, {task.name}) one decoder layer at a time", "load")
+        layerwise, reference, int4_rounding = streaming.prepare_streamed(
+            src, options, seq_len, say, _REFERENCE_WORDS[task.name](options)
+        )
+        return Prepared(src, seq_len, _source_record(src, layerwise.model, task), _fp32_bytes(layerwise.model), files,
+                        reference, None, int4_rounding)  # fmt: skip
     say(f"loading {src.name} ({src.model_type}, {task.name})", "load")
     model = load_model(src.path, options.trust_remote_code, task)
     reference = None
@@ -234,18 +242,22 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
         make_reference = _text_reference if task.module is None else _encoder_reference
         reference = make_reference(model, src, seq_len, options)
     mixed_plan, int4_rounding = _calibrate(model, src, task, options, say, seq_len)
-    files = {name: (src.path / name).read_bytes() for name in COPIED_FILES if (src.path / name).is_file()}
     return Prepared(
         src=src,
         max_seq_len=seq_len,
         record=_source_record(src, model, task),
-        weight_bytes=sum(p.numel() * p.element_size() for p in model.parameters()),
+        weight_bytes=_fp32_bytes(model),
         files=files,
         reference=reference,
         mixed_plan=mixed_plan,
         int4_rounding=int4_rounding,
         model=model,
     )
+
+
+def _fp32_bytes(model) -> int:
+    """Bytes of ``model``'s parameters in float32, tied ones once (loaded, or still on the meta device)."""
+    return sum(p.numel() * 4 for p in model.parameters())
 
 
 def _calibrate(model, src: source_stage.Source, task: tasks.Task, options: ExportOptions, say: Say, seq_len: int):

@@ -175,12 +175,16 @@ def _granularity(grouped: bool, group_size: int):
     return PerGroup(group_size) if grouped else PerAxis(0)
 
 
-def _ungroupable(model: nn.Module, group_size: int, exclude: tuple) -> list[str]:
+def _everything(fqn: str) -> bool:
+    return True
+
+
+def _ungroupable(model: nn.Module, group_size: int, exclude: tuple, only: Callable[[str], bool]) -> list[str]:
     """The linears whose input width ``group_size`` does not divide (they fall back to int8 per channel), warned of."""
     fallback = [
         name
         for name, module in model.named_modules()
-        if _is_linear(module) and module.in_features % group_size and _kept(module, exclude)
+        if _is_linear(module) and module.in_features % group_size and _kept(module, exclude) and only(name)
     ]
     if fallback:
         log.warning(
@@ -200,8 +204,10 @@ def quantize_linears(
     group_size: int = DEFAULT_GROUP_SIZE,
     exclude: tuple = (),
     recipe: Recipe = Recipe(),
+    only: Callable[[str], bool] = _everything,
 ) -> list[str]:
-    """Quantize every ``nn.Linear`` of ``model`` but those in ``exclude``, in place.
+    """Quantize every ``nn.Linear`` of ``model`` but those in ``exclude``, in place; ``only(name)`` picks the modules
+    to touch (a model quantized one decoder layer at a time).
 
     Layers whose input width ``group_size`` does not divide fall back to per-channel
     quantization (with a warning); their names are returned.
@@ -211,12 +217,12 @@ def quantize_linears(
     mode = QMODES[qmode]
     if mode.config is None:
         return []
-    fallback = _ungroupable(model, group_size, exclude) if mode.grouped else []
+    fallback = _ungroupable(model, group_size, exclude, only) if mode.grouped else []
     fallback_set = set(fallback)
     eight_bit = set(recipe.eight_bit) - fallback_set
 
     def grouped(module, fqn):
-        return _is_linear(module) and fqn not in fallback_set | eight_bit and _kept(module, exclude)
+        return _is_linear(module) and fqn not in fallback_set | eight_bit and _kept(module, exclude) and only(fqn)
 
     def per_channel(module, fqn):
         return _is_linear(module) and fqn in fallback_set
@@ -225,7 +231,9 @@ def quantize_linears(
         quantize_(
             model,
             _dynamic_act(8)(_granularity(False, group_size)),
-            filter_fn=lambda module, fqn: _is_linear(module) and fqn in eight_bit and _kept(module, exclude),
+            filter_fn=lambda module, fqn: (
+                _is_linear(module) and fqn in eight_bit and _kept(module, exclude) and only(fqn)
+            ),
         )
     scales = recipe.scales_of(mode)
     # GPTQ's codes replace the rounding below: any scale choice serves to build the tensors they go into
@@ -234,7 +242,7 @@ def quantize_linears(
     if scales == "gptq":
         from .gptq import apply  # imports torch: this module must not (options import it)
 
-        apply(model, recipe.rounding)
+        apply(model, recipe.rounding, only)
     if fallback:
         quantize_(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=per_channel)
     if mode.weight_only:
@@ -244,14 +252,14 @@ def quantize_linears(
     return fallback
 
 
-def quantize_embeddings(model: nn.Module, qembedding: str | None) -> None:
+def quantize_embeddings(model: nn.Module, qembedding: str | None, only: Callable[[str], bool] = _everything) -> None:
     """Quantize the token embedding(s) weight-only, per row (``4w`` or ``8w``)."""
     if not qembedding:
         return
     from torchao.quantization import quantize_
 
     config = _weight_only(QEMBEDDINGS[qembedding])(_granularity(False, DEFAULT_GROUP_SIZE))
-    quantize_(model, config, filter_fn=lambda module, fqn: _is_embedding(module))
+    quantize_(model, config, filter_fn=lambda module, fqn: _is_embedding(module) and only(fqn))
 
 
 def drop_padding_index(model: nn.Module) -> None:
@@ -280,8 +288,10 @@ def quantize_model(
     group_size: int = DEFAULT_GROUP_SIZE,
     share_embeddings: bool = False,
     recipe: Recipe = Recipe(),
+    only: Callable[[str], bool] = _everything,
 ) -> list[str]:
-    """Apply ``qembedding`` then ``qmode`` to ``model`` in place; returns per-channel fallbacks.
+    """Apply ``qembedding`` then ``qmode`` to ``model`` in place; returns per-channel fallbacks. ``only(name)``
+    picks the modules to touch (a model quantized one decoder layer at a time).
 
     The embedding goes first so that, when input and output embeddings are tied, each
     one gets its own recipe instead of the second quantization seeing the first's
@@ -293,14 +303,15 @@ def quantize_model(
     them once (8da4w's projection becomes 8da8w).
     """
     drop_padding_index(model)
-    quantize_embeddings(model, qembedding)
+    quantize_embeddings(model, qembedding, only)
     if not share_embeddings or QMODES[qmode].weight_bits == 8:  # 8-bit per-channel heads already match the table
-        return quantize_linears(model, qmode, group_size, recipe=recipe)
+        return quantize_linears(model, qmode, group_size, recipe=recipe, only=only)
     from torchao.quantization import quantize_
 
     head = model.get_output_embeddings()
-    quantize_(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=lambda module, fqn: module is head)
-    return quantize_linears(model, qmode, group_size, exclude=(head,), recipe=recipe)
+    quantize_(model, _dynamic_act(8)(_granularity(False, group_size)),
+              filter_fn=lambda module, fqn: module is head and only(fqn))  # fmt: skip
+    return quantize_linears(model, qmode, group_size, exclude=(head,), recipe=recipe, only=only)
 
 
 def validate(qmodes: list[str], qembedding: str | None, group_size: int) -> None:

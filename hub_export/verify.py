@@ -22,7 +22,9 @@ taken as one bucket, which bounds it from below and is exact when the tails agre
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
 from dataclasses import dataclass, field
+from functools import partial
 from importlib import resources
 from pathlib import Path
 
@@ -164,9 +166,15 @@ def _bos_prefix(tokenizer, bos_id: int | None) -> list[int]:
 
 
 def build_sequences(
-    tokenizer_json: Path, max_seq_len: int, quality_tokens: int, bos_id: int | None = None, model=None
+    tokenizer_json: Path,
+    max_seq_len: int,
+    quality_tokens: int,
+    bos_id: int | None = None,
+    model=None,
+    logits_of: Callable[[torch.Tensor], torch.Tensor] | None = None,
 ) -> Sequences:
-    """Tokenize the prompt (extended greedily by ``model``) and cut the evaluation text into windows."""
+    """Tokenize the prompt (extended greedily by ``model``, or by ``logits_of(tokens)``: eager fp32 logits
+    [n, vocab]) and cut the evaluation text into windows."""
     from tokenizers import Tokenizer
 
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
@@ -176,10 +184,11 @@ def build_sequences(
     steps = min(DECODE_STEPS, max_seq_len - len(ids))
     tokens = torch.tensor([ids], dtype=torch.long)
     if model is not None:
-        with torch.no_grad(), eager_attention(model):
-            for _ in range(steps):
-                next_id = model(input_ids=tokens).logits[0, -1].argmax()
-                tokens = torch.cat([tokens, next_id.view(1, 1)], dim=1)
+        logits_of = partial(_eager_logits, model)
+    if logits_of is not None:
+        for _ in range(steps):
+            next_id = logits_of(tokens)[-1].argmax()
+            tokens = torch.cat([tokens, next_id.view(1, 1)], dim=1)
     prefix = _bos_prefix(tokenizer, bos_id)
     windows = _windows(tokenizer, eval_text(), quality_tokens, max_seq_len, prefix)
     # The second text is scored on half as many tokens: it asks "does the recipe hold on other text", not
@@ -208,12 +217,12 @@ def _windows(tokenizer, text: str, quality_tokens: int, max_seq_len: int, prefix
     return windows
 
 
-def _text_stats(model, windows: list[torch.Tensor]) -> TokenStats | None:
+def _text_stats(logits_of: Callable[[torch.Tensor], torch.Tensor], windows: list[torch.Tensor]) -> TokenStats | None:
     if not windows:
         return None
     parts = []
     for window in windows:
-        logits = _eager_logits(model, window)[:-1]
+        logits = logits_of(window)[:-1]
         parts.append(TokenStats.of(logits, window[0, 1:]))
         del logits
     return TokenStats.concat(parts)
@@ -228,9 +237,22 @@ def build_reference(
 ) -> Reference:
     """The sequences and fp32 eager's view of them (``model`` is the unquantized model)."""
     sequences = build_sequences(tokenizer_json, max_seq_len, quality_tokens, bos_id, model)
-    prompt_logits = _eager_logits(model, sequences.prompt_tokens)[sequences.prompt_len - 1 :]
+    return reference_of(sequences, partial(_eager_logits, model))
+
+
+def reference_windows(sequences: Sequences) -> list[torch.Tensor]:
+    """Every token sequence the reference runs through the fp32 model: the prompt, then the texts' windows."""
+    return [sequences.prompt_tokens, *sequences.windows, *sequences.second_windows]
+
+
+def reference_of(sequences: Sequences, logits_of: Callable[[torch.Tensor], torch.Tensor]) -> Reference:
+    """The reference of ``sequences`` given fp32 eager's logits [n, vocab] for each of :func:`reference_windows`."""
+    prompt_logits = logits_of(sequences.prompt_tokens)[sequences.prompt_len - 1 :]
     return Reference(
-        sequences, prompt_logits, _text_stats(model, sequences.windows), _text_stats(model, sequences.second_windows)
+        sequences,
+        prompt_logits,
+        _text_stats(logits_of, sequences.windows),
+        _text_stats(logits_of, sequences.second_windows),
     )
 
 
@@ -252,7 +274,7 @@ def expected_logits(quantized_model, reference: Reference) -> Expected:
     """
     seq = reference.sequences
     prompt = _eager_logits(quantized_model, seq.prompt_tokens)[seq.prompt_len - 1 :]
-    return Expected(prompt, _text_stats(quantized_model, judged_windows(seq.windows)))
+    return Expected(prompt, _text_stats(partial(_eager_logits, quantized_model), judged_windows(seq.windows)))
 
 
 def judged_windows(windows: list[torch.Tensor]) -> list[torch.Tensor]:

@@ -119,6 +119,7 @@ def build_job(job: VariantJob, say: Callable[..., None]) -> Variant:
 
     from .build import RunState, build_variant, load_model
     from .patches import map_large_allocations
+    from .streaming import can_stream
 
     torch.set_num_threads(job.threads)
     map_large_allocations()
@@ -133,7 +134,8 @@ def build_job(job: VariantJob, say: Callable[..., None]) -> Variant:
         mixed_plan=job.mixed_plan,
         int4_rounding=job.int4_rounding,
     )
-    run.model = load_model(job.src.path, job.options.trust_remote_code, run.task)
+    if not can_stream(job.src, job.options, run.task):  # otherwise each layer is read as it is quantized
+        run.model = load_model(job.src.path, job.options.trust_remote_code, run.task)
     return build_variant(run, job.qmode, last=True)
 
 

@@ -1,0 +1,212 @@
+"""Export time, peak memory and file size against parameter count: SmolLM2 135M, 360M and 1.7B, Qwen3 4B shapes.
+
+Each shape is a real configuration at its real widths with random weights (bfloat16
+safetensors shards, as the Hub ships them) and a real tokenizer where one is packaged
+(SmolLM2's, from the packaged GGUF); speed and memory do not depend on the values.
+Each export runs the defaults (8da4w, GPTQ, 8-bit embeddings, verification) in a fresh
+process; the peak is the largest resident memory of that process and its children
+together, sampled every 0.2 s.
+
+    python -m benchmarks.scale                       # every shape (about 1.5 hours)
+    python -m benchmarks.scale --shapes 135m 1.7b    # some of them
+    python -m benchmarks.scale --markdown-only       # the table and plot from results/scale.json
+
+Writes ``results/scale.json``, ``results/scale.md`` and ``docs/img/scale.png``.
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+from benchmarks.report import RESULTS, write_results
+
+MODELS = Path(os.environ.get("HUB_EXPORT_BENCH_MODELS", Path.home() / ".cache" / "hub-export-bench"))
+PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "scale.png"
+MAX_SEQ_LEN = 512
+EXPORT = ["--qmode", "8da4w", "--qembedding", "8w", "--max-seq-len", str(MAX_SEQ_LEN)]
+
+
+def shapes() -> dict:
+    from benchmarks import models
+
+    return {
+        "135m": ("SmolLM2-135M", models.smollm2_135m_config, True),
+        "360m": ("SmolLM2-360M", models.smollm2_360m_config, True),
+        "1.7b": ("SmolLM2-1.7B", models.smollm2_1_7b_config, True),
+        "4b": ("Qwen3-4B", models.qwen3_4b_config, False),
+    }
+
+
+def model_folder(key: str) -> Path:
+    """The shape's checkpoint folder, built once (SmolLM2 shapes get the real SmolLM2 tokenizer)."""
+    from benchmarks.models import build_large_shaped
+    from hub_export.demo import packaged_smollm2
+    from hub_export.gguf_source import converted_folder
+
+    name, config, smollm2_tokenizer = shapes()[key]
+    tokenizer = converted_folder(packaged_smollm2())[0] if smollm2_tokenizer else None
+    return build_large_shaped(MODELS / f"{key}-shaped", config(), tokenizer_folder=tokenizer)
+
+
+def _tree_rss(pid: int) -> int:
+    import psutil
+
+    try:
+        root = psutil.Process(pid)
+        processes = [root, *root.children(recursive=True)]
+    except psutil.NoSuchProcess:
+        return 0
+    total = 0
+    for process in processes:
+        try:
+            total += process.memory_info().rss
+        except psutil.NoSuchProcess:
+            pass
+    return total
+
+
+def measure_export(folder: Path, out: Path, extra: list[str] = ()) -> dict:
+    """Run ``hub-export export`` on ``folder`` in a fresh process: wall time, peak RSS of its process tree, rc."""
+    command = [sys.executable, "-m", "hub_export.cli", "export", str(folder), "-o", str(out), *EXPORT, *extra]
+    peak, done = 0, threading.Event()
+    started = time.perf_counter()
+    log = out.parent / f"{out.name}.log"
+    with open(log, "w") as output:
+        process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
+
+        def sample():
+            nonlocal peak
+            while not done.is_set():
+                peak = max(peak, _tree_rss(process.pid))
+                done.wait(0.2)
+
+        sampler = threading.Thread(target=sample, daemon=True)
+        sampler.start()
+        rc = process.wait()
+        done.set()
+        sampler.join()
+    seconds = time.perf_counter() - started
+    return {"rc": rc, "seconds": round(seconds, 1), "peak_rss_bytes": peak, "log": log.read_text()[-2000:]}
+
+
+def run_shape(key: str, work: Path) -> dict:
+    import torch
+
+    folder = model_folder(key)
+    index = json.loads((folder / "model.safetensors.index.json").read_text())
+    from hub_export.layerwise import LayerwiseModel
+
+    params = sum(p.numel() for p in LayerwiseModel.open(folder).model.parameters())
+    del torch
+    out = work / f"{key}-out"
+    result = measure_export(folder, out)
+    row = {
+        "shape": shapes()[key][0],
+        "parameters": params,
+        "fp32_bytes": params * 4,
+        "checkpoint_bytes": index["metadata"]["total_size"],
+        **{k: v for k, v in result.items() if k != "log"},
+        "peak_over_fp32": round(result["peak_rss_bytes"] / (params * 4), 3),
+    }
+    if result["rc"] == 0:
+        manifest = json.loads((out / "manifest.json").read_text())
+        variant = manifest["variants"][0]
+        verification = variant["verification"]
+        quality = verification.get("quality") or {}
+        row.update(
+            file_bytes=variant["size_bytes"],
+            decode_tok_s=verification.get("runner_decode_tokens_per_s"),
+            prefill_tok_s=verification.get("runner_prefill_tokens_per_s"),
+            ppl_ratio=quality.get("ratio"),
+            gptq_seconds=(variant.get("recipe") or {}).get("gptq", {}).get("seconds"),
+        )
+    else:
+        row["error"] = result["log"][-600:]
+    print(json.dumps(row), flush=True)
+    return row
+
+
+def markdown(result: dict) -> str:
+    gib = 1 << 30
+    lines = [
+        "# Export at scale: time, peak memory and file size against parameter count",
+        "",
+        f"Machine: {result['machine']}. Command: `{result['command']}`.",
+        f"Each export: `hub-export export FOLDER {' '.join(EXPORT)}` (defaults: GPTQ, verification), one process.",
+        "",
+        "| shape | parameters | fp32 weights | export wall | peak RSS | peak / fp32 | file | decode tok/s | prefill tok/s |"
+        " ppl ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|",
+    ]
+    for row in result["rows"]:
+        fmt = lambda v, f: "–" if v is None else f.format(v)  # noqa: E731
+        lines.append(
+            f"| {row['shape']} | {row['parameters'] / 1e9:.2f} B | {row['fp32_bytes'] / gib:.1f} GiB "
+            f"| {row['seconds'] / 60:.1f} min | {row['peak_rss_bytes'] / gib:.2f} GiB | {row['peak_over_fp32']:.2f}x "
+            f"| {fmt(row.get('file_bytes') and row['file_bytes'] / gib, '{:.2f} GiB')} "
+            f"| {fmt(row.get('decode_tok_s'), '{:.1f}')} | {fmt(row.get('prefill_tok_s'), '{:.0f}')} "
+            f"| {fmt(row.get('ppl_ratio'), '{:.3f}')} |"
+        )
+    return "\n".join(lines) + "\n"
+
+
+def plot(result: dict) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rows = [row for row in result["rows"] if row["rc"] == 0]
+    params = [row["parameters"] / 1e9 for row in rows]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
+    left.plot(params, [row["peak_rss_bytes"] / 2**30 for row in rows], "o-", label="peak RSS")
+    left.plot(params, [row["fp32_bytes"] / 2**30 for row in rows], "--", label="fp32 weights")
+    left.plot(params, [0.75 * row["fp32_bytes"] / 2**30 for row in rows], ":", label="0.75x fp32")
+    left.set_xlabel("parameters (billions)")
+    left.set_ylabel("GiB")
+    left.legend()
+    right.plot(params, [row["seconds"] / 60 for row in rows], "o-")
+    right.set_xlabel("parameters (billions)")
+    right.set_ylabel("export wall time (min)")
+    fig.suptitle(f"hub-export defaults (8da4w, GPTQ, 8-bit embeddings); {result['machine']}", fontsize=9)
+    fig.tight_layout()
+    PLOT.parent.mkdir(parents=True, exist_ok=True)
+    fig.savefig(PLOT, dpi=110)
+
+
+def main(argv: list[str] | None = None) -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--shapes", nargs="+", choices=list(shapes()), default=list(shapes()))
+    parser.add_argument("--markdown-only", action="store_true")
+    args = parser.parse_args(argv)
+    path = RESULTS / "scale.json"
+    if args.markdown_only:
+        result = json.loads(path.read_text())
+    else:
+        from hub_export.manifest import machine_description
+
+        rows = {row["shape"]: row for row in json.loads(path.read_text())["rows"]} if path.is_file() else {}
+        with tempfile.TemporaryDirectory(prefix="scale-") as work:
+            for key in args.shapes:
+                row = run_shape(key, Path(work))
+                rows[row["shape"]] = row
+        order = [name for name, _, _ in shapes().values()]
+        result = {
+            "machine": machine_description(),
+            "command": "python -m benchmarks.scale " + " ".join(argv if argv is not None else sys.argv[1:]),
+            "rows": sorted(rows.values(), key=lambda row: order.index(row["shape"])),
+        }
+    write_results("scale", result, markdown(result))
+    plot(result)
+
+
+if __name__ == "__main__":
+    main()
