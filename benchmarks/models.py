@@ -197,3 +197,19 @@ def _tokenizer(folder: Path, vocab_size: int, real: Path | None) -> None:
     tokenizer = train_tokenizer()
     tokenizer.add_tokens([f"<|pad_{i}|>" for i in range(vocab_size - tokenizer.get_vocab_size())])
     tokenizer.save(str(folder / "tokenizer.json"))
+
+
+def phi4_mini_config():
+    """Phi-4-mini's shape (3.8B): Phi-3 layout with fused qkv and gate/up projections, hidden 3072, 32 layers,
+    24 heads / 8 KV heads of 128, partial rotary 0.75 with longrope, tied embeddings of 200,064 rows. The longrope
+    factor vectors (48 each) are not packaged here: an export of at most 4096 positions uses the short factors,
+    set to 1.0, which changes neither the graph nor its cost."""
+    from transformers import Phi3Config
+
+    rope = {"rope_type": "longrope", "short_factor": [1.0] * 48, "long_factor": [1.0] * 48}
+    return Phi3Config(
+        vocab_size=200064, hidden_size=3072, intermediate_size=8192, num_hidden_layers=32, num_attention_heads=24,
+        num_key_value_heads=8, max_position_embeddings=131072, original_max_position_embeddings=4096,
+        rope_theta=10000.0, rope_scaling=rope, partial_rotary_factor=0.75, rms_norm_eps=1e-5, sliding_window=262144,
+        tie_word_embeddings=True, bos_token_id=199999, eos_token_id=199999, pad_token_id=199999,
+    )  # fmt: skip

@@ -1,17 +1,19 @@
-"""Export time, peak memory and file size against parameter count: SmolLM2 135M, 360M and 1.7B, Qwen3 4B shapes.
+"""Export time, peak memory and file size against parameter count: SmolLM2 135M, 360M, 1.7B, Qwen3-4B, Phi-4-mini.
 
 Each shape is a real configuration at its real widths with random weights (bfloat16
 safetensors shards, as the Hub ships them) and a real tokenizer where one is packaged
 (SmolLM2's, from the packaged GGUF); speed and memory do not depend on the values.
 Each export runs the defaults (8da4w, GPTQ, 8-bit embeddings, verification) in a fresh
-process; the peak is the largest resident memory of that process and its children
-together, sampled every 0.2 s.
+process; its peak is the largest memory of that process and its children together
+(proportional set sizes summed, so pages a forked child shares count once), sampled every
+0.2 s, beside the largest resident set of any one of them.
 
     python -m benchmarks.scale                       # every shape (about 1.5 hours)
     python -m benchmarks.scale --shapes 135m 1.7b    # some of them
     python -m benchmarks.scale --markdown-only       # the table and plot from results/scale.json
 
-Writes ``results/scale.json``, ``results/scale.md`` and ``docs/img/scale.png``.
+Writes ``results/scale.json``, ``results/scale.md`` and ``results/scale.png`` (``scripts/update_docs.py`` puts
+them in docs/benchmarks.md).
 """
 
 from __future__ import annotations
@@ -29,7 +31,6 @@ from pathlib import Path
 from benchmarks.report import RESULTS, write_results
 
 MODELS = Path(os.environ.get("HUB_EXPORT_BENCH_MODELS", Path.home() / ".cache" / "hub-export-bench"))
-PLOT = Path(__file__).resolve().parent.parent / "docs" / "img" / "scale.png"
 MAX_SEQ_LEN = 512
 EXPORT = ["--qmode", "8da4w", "--qembedding", "8w", "--max-seq-len", str(MAX_SEQ_LEN)]
 
@@ -42,6 +43,7 @@ def shapes() -> dict:
         "360m": ("SmolLM2-360M", models.smollm2_360m_config, True),
         "1.7b": ("SmolLM2-1.7B", models.smollm2_1_7b_config, True),
         "4b": ("Qwen3-4B", models.qwen3_4b_config, False),
+        "phi4-mini": ("Phi-4-mini", models.phi4_mini_config, False),
     }
 
 
@@ -56,36 +58,43 @@ def model_folder(key: str) -> Path:
     return build_large_shaped(MODELS / f"{key}-shaped", config(), tokenizer_folder=tokenizer)
 
 
-def _tree_rss(pid: int) -> int:
+def _tree_memory(pid: int) -> tuple[int, int]:
+    """(the summed proportional set size of ``pid`` and its children, the largest RSS among them).
+
+    PSS counts a page shared by several processes once in all, so a child forked from the export (which shares
+    every page of its parent until it runs its own program) does not double the figure as summed RSS would."""
     import psutil
 
     try:
         root = psutil.Process(pid)
         processes = [root, *root.children(recursive=True)]
     except psutil.NoSuchProcess:
-        return 0
-    total = 0
+        return 0, 0
+    total = largest = 0
     for process in processes:
         try:
-            total += process.memory_info().rss
-        except psutil.NoSuchProcess:
-            pass
-    return total
+            info = process.memory_full_info()
+        except (psutil.NoSuchProcess, psutil.AccessDenied):
+            continue
+        total += info.pss
+        largest = max(largest, info.rss)
+    return total, largest
 
 
 def measure_export(folder: Path, out: Path, extra: list[str] = ()) -> dict:
     """Run ``hub-export export`` on ``folder`` in a fresh process: wall time, peak RSS of its process tree, rc."""
     command = [sys.executable, "-m", "hub_export.cli", "export", str(folder), "-o", str(out), *EXPORT, *extra]
-    peak, done = 0, threading.Event()
+    peak, largest, done = 0, 0, threading.Event()
     started = time.perf_counter()
     log = out.parent / f"{out.name}.log"
     with open(log, "w") as output:
         process = subprocess.Popen(command, stdout=output, stderr=subprocess.STDOUT)
 
         def sample():
-            nonlocal peak
+            nonlocal peak, largest
             while not done.is_set():
-                peak = max(peak, _tree_rss(process.pid))
+                total, one = _tree_memory(process.pid)
+                peak, largest = max(peak, total), max(largest, one)
                 done.wait(0.2)
 
         sampler = threading.Thread(target=sample, daemon=True)
@@ -94,7 +103,8 @@ def measure_export(folder: Path, out: Path, extra: list[str] = ()) -> dict:
         done.set()
         sampler.join()
     seconds = time.perf_counter() - started
-    return {"rc": rc, "seconds": round(seconds, 1), "peak_rss_bytes": peak, "log": log.read_text()[-2000:]}
+    return {"rc": rc, "seconds": round(seconds, 1), "peak_bytes": peak, "peak_process_rss_bytes": largest,
+            "log": log.read_text()[-2000:]}  # fmt: skip
 
 
 def run_shape(key: str, work: Path) -> dict:
@@ -114,7 +124,7 @@ def run_shape(key: str, work: Path) -> dict:
         "fp32_bytes": params * 4,
         "checkpoint_bytes": index["metadata"]["total_size"],
         **{k: v for k, v in result.items() if k != "log"},
-        "peak_over_fp32": round(result["peak_rss_bytes"] / (params * 4), 3),
+        "peak_over_fp32": round(result["peak_bytes"] / (params * 4), 3),
     }
     if result["rc"] == 0:
         manifest = json.loads((out / "manifest.json").read_text())
@@ -142,15 +152,17 @@ def markdown(result: dict) -> str:
         f"Machine: {result['machine']}. Command: `{result['command']}`.",
         f"Each export: `hub-export export FOLDER {' '.join(EXPORT)}` (defaults: GPTQ, verification), one process.",
         "",
-        "| shape | parameters | fp32 weights | export wall | peak RSS | peak / fp32 | file | decode tok/s | prefill tok/s |"
-        " ppl ratio |",
-        "|---|---|---|---|---|---|---|---|---|---|",
+        "| shape | parameters | fp32 weights | export wall | GPTQ | peak memory | peak / fp32 | largest process RSS | file "
+        "| decode tok/s | prefill tok/s | ppl ratio |",
+        "|---|---|---|---|---|---|---|---|---|---|---|---|",
     ]
     for row in result["rows"]:
         fmt = lambda v, f: "–" if v is None else f.format(v)  # noqa: E731
         lines.append(
             f"| {row['shape']} | {row['parameters'] / 1e9:.2f} B | {row['fp32_bytes'] / gib:.1f} GiB "
-            f"| {row['seconds'] / 60:.1f} min | {row['peak_rss_bytes'] / gib:.2f} GiB | {row['peak_over_fp32']:.2f}x "
+            f"| {row['seconds'] / 60:.1f} min | {fmt(row.get('gptq_seconds') and row['gptq_seconds'] / 60, '{:.1f} min')} "
+            f"| {row['peak_bytes'] / gib:.2f} GiB | {row['peak_over_fp32']:.2f}x "
+            f"| {row['peak_process_rss_bytes'] / gib:.2f} GiB "
             f"| {fmt(row.get('file_bytes') and row['file_bytes'] / gib, '{:.2f} GiB')} "
             f"| {fmt(row.get('decode_tok_s'), '{:.1f}')} | {fmt(row.get('prefill_tok_s'), '{:.0f}')} "
             f"| {fmt(row.get('ppl_ratio'), '{:.3f}')} |"
@@ -167,7 +179,7 @@ def plot(result: dict) -> None:
     rows = [row for row in result["rows"] if row["rc"] == 0]
     params = [row["parameters"] / 1e9 for row in rows]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 4))
-    left.plot(params, [row["peak_rss_bytes"] / 2**30 for row in rows], "o-", label="peak RSS")
+    left.plot(params, [row["peak_bytes"] / 2**30 for row in rows], "o-", label="peak memory (PSS)")
     left.plot(params, [row["fp32_bytes"] / 2**30 for row in rows], "--", label="fp32 weights")
     left.plot(params, [0.75 * row["fp32_bytes"] / 2**30 for row in rows], ":", label="0.75x fp32")
     left.set_xlabel("parameters (billions)")
@@ -178,8 +190,7 @@ def plot(result: dict) -> None:
     right.set_ylabel("export wall time (min)")
     fig.suptitle(f"hub-export defaults (8da4w, GPTQ, 8-bit embeddings); {result['machine']}", fontsize=9)
     fig.tight_layout()
-    PLOT.parent.mkdir(parents=True, exist_ok=True)
-    fig.savefig(PLOT, dpi=110)
+    fig.savefig(RESULTS / "scale.png", dpi=110)
 
 
 def main(argv: list[str] | None = None) -> None:

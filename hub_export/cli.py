@@ -39,6 +39,8 @@ from .pull import list_variants, pull
 from .push import push
 from .quiet import quiet_libraries, quiet_torch
 from .redact import Redactor
+from .streaming import streams
+from .tasks import TEXT_GENERATION
 from .transcribe import transcribe as transcribe_audio
 
 ENDPOINT_HELP = "Hub endpoint (default: HF_ENDPOINT or huggingface.co)."
@@ -630,7 +632,9 @@ def _plan_table(jobs, engine_name: str, token: str | None, endpoint: str | None)
             escape(job.source),
             escape(", ".join(job.options.qmodes)),
             human_size(weights) if weights else "unknown",
-            human_size(variant_memory(weights)) if weights else "unknown",
+            human_size(variant_memory(weights, job.options.qmodes, streams(job.options, TEXT_GENERATION)))
+            if weights
+            else "unknown",
         )
     return table
 

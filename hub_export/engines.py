@@ -35,12 +35,11 @@ from typing import TYPE_CHECKING, Any, Protocol
 
 from .errors import ExportError, HubExportError, InputError, first_line, opt
 from .manifest import sha256_file
+from .memory_budget import variant_peak
 from .options import ExportOptions
 from .prepare import Prepared, SourceRequest, prepare, source_on_this_node
 from .quiet import quiet_libraries, quiet_torch
 from .workers import (
-    PEAK_PER_WEIGHT_BYTE,
-    WORKER_BASE_BYTES,
     VariantJob,
     build_job,
     export_in_workers,
@@ -71,9 +70,10 @@ class Engine(Protocol):
     def close(self) -> None: ...
 
 
-def variant_memory(weight_bytes: int) -> int:
-    """Bytes one variant build needs: the frameworks plus the measured peak per fp32 weight byte."""
-    return WORKER_BASE_BYTES + PEAK_PER_WEIGHT_BYTE * weight_bytes
+def variant_memory(weight_bytes: int, qmodes: tuple[str, ...] | list[str] = ("fp32",), streamed: bool = False) -> int:
+    """Bytes the largest of ``qmodes``' variant builds needs at its peak (:mod:`hub_export.memory_budget`):
+    ``streamed`` when the model is read one layer at a time."""
+    return max(variant_peak(weight_bytes, mode, streamed) for mode in qmodes)
 
 
 def _libraries_quiet() -> bool:
@@ -117,7 +117,8 @@ class LocalEngine:
         from .patches import release_memory
 
         options = request.options
-        workers = worker_count(options.jobs, len(options.qmodes), prepared.weight_bytes)
+        memory = variant_memory(prepared.weight_bytes, options.qmodes, prepared.streamed)
+        workers = worker_count(options.jobs, len(options.qmodes), memory)
         if workers > 1:
             prepared.model = None
             release_memory()
@@ -294,7 +295,7 @@ class RayEngine:
     def build(self, prepared: Prepared, request: SourceRequest, workdir: Path, say: Say) -> list[Variant]:
         ray = _import_ray()
         options = request.options
-        memory = variant_memory(prepared.weight_bytes)
+        memory = variant_memory(prepared.weight_bytes, options.qmodes, prepared.streamed)
         self._check_fits(memory)
         say(
             f"building {len(options.qmodes)} variant(s) on the {self.describe()}, each task 1 CPU and "

@@ -192,6 +192,13 @@ def _upper_inverse_cholesky(hessian: torch.Tensor) -> torch.Tensor:
     raise RuntimeError("GPTQ: the calibration Hessian stayed singular after damping")
 
 
+def heap_allocations():
+    """:func:`hub_export.patches.heap_allocations` (imported when used: patches imports torch)."""
+    from .patches import heap_allocations as allocations
+
+    return allocations()
+
+
 class _StopForward(Exception):
     """Raised by the last hooked layer of a set: the rest of the forward pass is not needed."""
 
@@ -311,6 +318,19 @@ def _calibration_windows(ids: list[int], window: int, conversations) -> list:
     return windows + [torch.tensor([chat[:window]]) for chat in conversations if len(chat) > 1]
 
 
+def _round_shared(gathered: _HessianSums, rounding: Int4Rounding, group_size: int) -> None:
+    """Round every linear of one layer into ``rounding``; linears sharing a Hessian are rounded as one matrix
+    (GPTQ treats rows alike: the same codes, the preparation done once)."""
+    import torch
+
+    for names in gathered.sharing():
+        weights = [gathered.linears[name].weight for name in names]
+        codes, scales = round_weight(torch.cat(weights), gathered.hessian(names[0]), group_size)
+        rows = [weight.shape[0] for weight in weights]
+        for name, part, part_scales in zip(names, codes.split(rows), scales.split(rows), strict=True):
+            rounding.add(name, part, part_scales)
+
+
 def round_layerwise(
     layerwise,
     wanted: Callable[[str, torch.nn.Module], bool],
@@ -345,13 +365,8 @@ def round_layerwise(
 
     def round_layer(index: int, layer) -> None:
         gathered = sums.pop(index)
-        for names in gathered.sharing():
-            # Linears sharing a Hessian are rounded as one matrix (GPTQ treats rows alike): the same codes, once.
-            weights = [gathered.linears[name].weight for name in names]
-            codes, scales = round_weight(torch.cat(weights), gathered.hessian(names[0]), group_size)
-            rows = [weight.shape[0] for weight in weights]
-            for name, part, part_scales in zip(names, codes.split(rows), scales.split(rows), strict=True):
-                rounding.add(name, part, part_scales)
+        with heap_allocations():
+            _round_shared(gathered, rounding, group_size)
 
     calibration.observe = observe
     layerwise.walk([calibration, *passes], round_layer, say, "GPTQ")
@@ -362,7 +377,8 @@ def round_layerwise(
         head_sums = _HessianSums({name: head})
         for index in range(len(calibration.windows)):
             head_sums.add(name, layerwise.head_inputs(calibration, index, head))  # the head itself is not run
-        codes, scales = round_weight(head.weight, head_sums.hessian(name), group_size)
+        with heap_allocations():
+            codes, scales = round_weight(head.weight, head_sums.hessian(name), group_size)
         rounding.add(name, codes, scales)
     rounding.seconds = time.perf_counter() - started
     return rounding
@@ -394,10 +410,11 @@ def round_linears(
     done = 0
     for names in sets:
         hessians = _hessians(model, linears, names, windows)
-        for name in names:
-            codes, scales = round_weight(linears[name].weight, hessians.pop(name), group_size)
-            rounding.add(name, codes, scales)
-            done += 1
+        with heap_allocations():
+            for name in names:
+                codes, scales = round_weight(linears[name].weight, hessians.pop(name), group_size)
+                rounding.add(name, codes, scales)
+                done += 1
         say(f"GPTQ: {done} of {len(linears)} linears rounded")
     rounding.seconds = time.perf_counter() - started
     return rounding

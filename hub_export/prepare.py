@@ -16,12 +16,13 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from . import archs, quantize, streaming, tasks
+from . import archs, memory_budget, quantize, streaming, tasks
 from . import source as source_stage
 from .calibrate import MixedPlan, plan_mixed, round_int4
 from .chat import chat_template
 from .errors import ExportError, InputError, opt
 from .options import ExportOptions
+from .workers import available_memory
 
 if TYPE_CHECKING:
     from .calibrate import MixedPlan
@@ -60,6 +61,7 @@ class Prepared:
     mixed_plan: MixedPlan | None = None
     int4_rounding: Int4Rounding | None = None  # GPTQ's int4 codes, made once per run for every 4-bit variant
     model: Any = field(default=None, repr=False, compare=False)  # in-process only; never pickled
+    streamed: bool = False  # read one decoder layer at a time (hub_export.streaming): no model held between stages
 
     def __getstate__(self) -> dict:
         return {**self.__dict__, "model": None}
@@ -216,6 +218,9 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
         resolved_len["value"] = resolve_max_seq_len(config, options.max_seq_len, options.sink())
         archs.check_config(ConfigView(config), resolved_len["value"], options, task.name)
         _check_task_options(options, task, config, request.source)
+        if task is tasks.TEXT_GENERATION:  # before any download: refuse what cannot fit, with the estimate
+            weights = memory_budget.fp32_weight_bytes(config, options.trust_remote_code)
+            memory_budget.check_fits(weights, options, streaming.streams(options, task), available_memory())
 
     say(f"resolving {request.source}", "resolve")
     src = resolve_source(request, say, precheck)
@@ -233,7 +238,7 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
             src, options, seq_len, say, _REFERENCE_WORDS[task.name](options)
         )
         return Prepared(src, seq_len, _source_record(src, layerwise.model, task), _fp32_bytes(layerwise.model), files,
-                        reference, None, int4_rounding)  # fmt: skip
+                        reference, None, int4_rounding, streamed=True)  # fmt: skip
     say(f"loading {src.name} ({src.model_type}, {task.name})", "load")
     model = load_model(src.path, options.trust_remote_code, task)
     reference = None

@@ -38,15 +38,19 @@ if TYPE_CHECKING:
 Say = Callable[..., None]
 
 
-def can_stream(src: Source, options: ExportOptions, task: tasks.Task) -> bool:
-    """Whether ``src`` is exported layer by layer: a causal LM in safetensors, its code from transformers, and no
-    qmode that needs the whole fp32 model at once."""
+def streams(options: ExportOptions, task: tasks.Task) -> bool:
+    """Whether a source of ``task`` exported with ``options`` is read layer by layer (when its weights are
+    safetensors): a causal LM whose code comes from transformers, and no qmode that needs the whole fp32 model."""
     return (
         task is tasks.TEXT_GENERATION
         and not options.trust_remote_code
         and not any(quantize.QMODES[mode].calibrated for mode in options.qmodes)
-        and LayerwiseModel.can_stream(src.path)
     )
+
+
+def can_stream(src: Source, options: ExportOptions, task: tasks.Task) -> bool:
+    """Whether ``src`` is exported layer by layer: :func:`streams`, and its weights are safetensors."""
+    return streams(options, task) and LayerwiseModel.can_stream(src.path)
 
 
 def open_model(src: Source) -> LayerwiseModel:

@@ -41,12 +41,6 @@ if TYPE_CHECKING:
 
 log = logging.getLogger(__name__)
 
-# A worker's own footprint besides the model: torch, transformers and ExecuTorch
-# imported (~0.7 GB RSS measured) plus headroom.
-WORKER_BASE_BYTES = 1 << 30
-# Peak of one in-process variant against its fp32 weights (benchmarks: 2.83x).
-PEAK_PER_WEIGHT_BYTE = 3
-
 
 @dataclass
 class VariantJob:
@@ -84,19 +78,18 @@ def available_memory() -> int | None:
     return None
 
 
-def worker_count(requested: int | None, variants: int, weight_bytes: int) -> int:
+def worker_count(requested: int | None, variants: int, per_worker: int) -> int:
     """How many variants to lower at once.
 
     ``requested`` (``--jobs``) wins when given. Otherwise: one per usable core, no
     more than there are variants, and no more than the available memory holds at
-    one variant's measured peak each.
+    ``per_worker`` bytes each (:func:`hub_export.memory_budget.variant_peak`).
     """
     if requested is not None:
         return max(1, min(requested, variants))
     count = min(variants, usable_cpus())
     memory = available_memory()
     if memory is not None:
-        per_worker = WORKER_BASE_BYTES + PEAK_PER_WEIGHT_BYTE * weight_bytes
         count = min(count, max(1, memory // per_worker))
     return max(1, count)
 

@@ -44,9 +44,10 @@ SECTIONS = {
     "bench-kv": "kv-cache",
     "bench-embeddings": "minilm-embeddings",
     "bench-vlm": "vlm-smolvlm-shaped",
+    "bench-scale": "scale",
 }
 # docs/img/<name> <- benchmarks/results/<name>
-IMAGES = ("quant-recipes.png",)
+IMAGES = ("quant-recipes.png", "scale.png")
 MARK = re.compile(r"(<!-- ([a-z0-9-]+):[^\n]*-->\n)(.*?)(<!-- /\2 -->)", re.S)
 
 

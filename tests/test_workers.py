@@ -10,6 +10,7 @@ import time
 from pathlib import Path
 
 from hub_export import workers
+from hub_export.engines import variant_memory
 from hub_export.manifest import Manifest
 
 
@@ -22,10 +23,10 @@ def test_worker_count_follows_the_request_the_cores_and_the_memory(monkeypatch):
     assert workers.worker_count(None, 20, gib) == 8  # a core each
     assert workers.worker_count(3, 5, gib) == 3  # --jobs wins
     assert workers.worker_count(4, 2, gib) == 2  # but never more than the variants
-    # 3x the fp32 weights plus the frameworks per worker: 10 GB free holds two 2 GB models' exports.
+    # as many workers as the free memory holds at each one's peak
     monkeypatch.setattr(workers, "available_memory", lambda: 10 * gib)
-    assert workers.worker_count(None, 5, 2 * gib) == 1
-    assert workers.worker_count(None, 5, gib // 2) == 4
+    assert workers.worker_count(None, 5, variant_memory(2 * gib)) == 1  # a 2 GB model loaded whole: 7.5 GiB each
+    assert workers.worker_count(None, 5, variant_memory(2 * gib, ["8da4w"], streamed=True)) == 4  # 2.6 GiB each
 
 
 def test_variants_built_in_workers_are_the_files_a_one_variant_run_builds(exported_multi, tiny_model, tmp_path):

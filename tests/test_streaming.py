@@ -1,0 +1,181 @@
+"""Layer by layer: a text model's fp32 weights are read one decoder layer at a time and never held whole, and
+everything computed that way (logits, GPTQ's codes, the reference, the quantized model) is what the model loaded
+whole gives, bit for bit."""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import pytest
+import torch
+
+from hub_export.build import load_model
+from hub_export.demo import build_tiny_model
+from hub_export.errors import SourceError
+from hub_export.layerwise import LayerwiseModel
+from hub_export.options import ExportOptions
+from tests.test_archs import CONFIGS
+
+
+@pytest.fixture(scope="module")
+def family_folder(tmp_path_factory):
+    made: dict[str, Path] = {}
+
+    def get(model_type: str) -> Path:
+        if model_type not in made:
+            made[model_type] = build_tiny_model(tmp_path_factory.mktemp(model_type) / "m", config=CONFIGS[model_type]())
+        return made[model_type]
+
+    return get
+
+
+def _logits(model, window, eager: bool):
+    from hub_export.wrap import eager_attention
+
+    with torch.no_grad():
+        if eager:
+            with eager_attention(model):
+                return model(input_ids=window).logits[0].float()
+        return model(input_ids=window).logits[0].float()
+
+
+# Sliding windows and per-layer rotary tables, QK-norm, partial rotary with fused projections, Conv1D and learned
+# positions, and a llama3 rope scaling: the stand-ins must pass on whatever each family's forward hands its layers.
+@pytest.mark.parametrize("model_type", ["gemma3_text", "qwen3", "phi3", "gpt2", "llama"])
+def test_logits_read_layer_by_layer_equal_the_whole_model(family_folder, model_type):
+    folder = family_folder(model_type)
+    whole = load_model(folder, False)
+    layerwise = LayerwiseModel.open(folder)
+    windows = [torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]]), torch.tensor([[3, 4]])]
+    for eager in (False, True):
+        state = layerwise.start(windows, eager)
+        layerwise.walk([state])
+        for index, window in enumerate(windows):
+            assert torch.equal(layerwise.logits(state, index), _logits(whole, window, eager)), (model_type, eager)
+    assert all(p.device.type == "meta" for name, p in layerwise.model.named_parameters() if ".layers." in name)
+
+
+def test_gptq_layer_by_layer_gives_the_whole_models_codes(tiny_model):
+    from hub_export.calibrate import round_int4, round_int4_layerwise
+
+    options = ExportOptions(qmodes=("8da4w",))
+    whole = round_int4(load_model(tiny_model, False), tiny_model / "tokenizer.json", options, max_seq_len=64)
+    lines: list[str] = []
+    streamed = round_int4_layerwise(LayerwiseModel.open(tiny_model), tiny_model / "tokenizer.json", options,
+                                    lines.append, max_seq_len=64)  # fmt: skip
+    assert list(streamed.packed) == list(whole.packed) and "lm_head" in streamed
+    for name in whole.packed:
+        assert torch.equal(streamed.packed[name], whole.packed[name]), name
+        assert torch.equal(streamed.scales[name], whole.scales[name]), name
+    assert streamed.tokens == whole.tokens and streamed.text == whole.text
+    assert any("decoder layer 1 of 2" in line for line in lines)
+
+
+def test_the_reference_read_layer_by_layer_equals_the_whole_models(tiny_model):
+    from hub_export.source import Source
+    from hub_export.streaming import prepare_streamed
+    from hub_export.verify import build_reference
+
+    options = ExportOptions(qmodes=("8da4w",), quality_tokens=300)
+    whole = build_reference(load_model(tiny_model, False), tiny_model / "tokenizer.json", 64, 300, None)
+    src = Source(tiny_model, "tiny", None, True)
+    _, streamed, rounding = prepare_streamed(src, options, 64, lambda *event: None, "the prompt")
+    assert torch.equal(streamed.sequences.prompt_tokens, whole.sequences.prompt_tokens)
+    assert torch.equal(streamed.fp32_prompt_logits, whole.fp32_prompt_logits)
+    for ours, theirs in ((streamed.fp32_text, whole.fp32_text), (streamed.fp32_second, whole.fp32_second)):
+        assert torch.equal(ours.top_logprobs, theirs.top_logprobs) and torch.equal(ours.target_logprobs,
+                                                                                   theirs.target_logprobs)  # fmt: skip
+    assert rounding is not None and len(rounding.packed) == 15
+
+
+@pytest.mark.parametrize("share", [False, True])
+def test_a_variant_quantized_layer_by_layer_equals_the_whole_model_quantized(tiny_model, share, monkeypatch):
+    """The same quantized weights as quantizing the whole model, with never more than one fp32 decoder layer
+    loaded: when a layer is read, every other one is still on the meta device or already quantized."""
+    from hub_export import layerwise as layerwise_module
+    from hub_export.calibrate import round_int4
+    from hub_export.quantize import quantize_model
+    from hub_export.source import Source
+    from hub_export.streaming import quantized_model
+
+    options = ExportOptions(qmodes=("8da4w",), qembedding="8w", share_embeddings=share)
+    rounding = round_int4(load_model(tiny_model, False), tiny_model / "tokenizer.json", options, max_seq_len=64)
+    recipe = options.recipe(rounding=rounding)
+    whole = load_model(tiny_model, False)
+    quantize_model(whole, "8da4w", "8w", 32, share, recipe)
+
+    loads = []
+    original = layerwise_module.LayerwiseModel.load_layer
+
+    def checked_load(self, index):
+        fp32 = [name for name, p in self.model.named_parameters()
+                if ".layers." in name and p.device.type != "meta" and type(p.data) is torch.Tensor and p.dim() == 2]  # fmt: skip
+        loads.append(fp32)
+        return original(self, index)
+
+    monkeypatch.setattr(layerwise_module.LayerwiseModel, "load_layer", checked_load)
+    streamed, fallback = quantized_model(Source(tiny_model, "tiny", None, True), "8da4w", options, recipe, print)
+    assert len(loads) == 2 and loads == [[], []]  # no fp32 matrix of an earlier layer left behind
+    assert fallback == []
+    ours, theirs = dict(streamed.named_modules()), dict(whole.named_modules())
+    for name, module in theirs.items():
+        if isinstance(module, (torch.nn.Linear, torch.nn.Embedding)):
+            a, b = ours[name].weight, module.weight
+            assert type(a) is type(b), name
+            assert torch.equal(a.dequantize() if hasattr(a, "dequantize") else a,
+                               b.dequantize() if hasattr(b, "dequantize") else b), name  # fmt: skip
+
+
+def test_a_checkpoint_that_cannot_be_read_layer_by_layer_is_refused_in_one_line(tiny_model, tmp_path):
+    import shutil
+
+    folder = tmp_path / "model"
+    shutil.copytree(tiny_model, folder)
+    weights = folder / "model.safetensors"
+    index = {"weight_map": {"model.embed_tokens.weight": "../outside.safetensors"}}
+    (folder / "model.safetensors.index.json").write_text(json.dumps(index))
+    with pytest.raises(SourceError, match="not a safetensors file in the model folder") as refused:
+        LayerwiseModel.open(folder)
+    assert "\n" not in str(refused.value)
+    (folder / "model.safetensors.index.json").unlink()
+
+    from safetensors.torch import load_file, save_file
+
+    tensors = load_file(weights)
+    tensors.pop("model.layers.1.mlp.down_proj.weight")
+    save_file(tensors, weights)
+    layerwise = LayerwiseModel.open(folder)
+    layerwise.load_layer(0)
+    with pytest.raises(SourceError, match="has no weight 'model.layers.1.mlp.down_proj.weight'"):
+        layerwise.load_layer(1)
+
+
+def test_an_export_that_cannot_fit_is_refused_before_any_work_with_the_estimate(tiny_model, tmp_path, monkeypatch):
+    from hub_export import prepare
+    from hub_export.errors import InputError
+    from hub_export.export import export
+
+    monkeypatch.setattr(prepare, "available_memory", lambda: 1 << 30)
+    loaded = []
+    monkeypatch.setattr(LayerwiseModel, "open", lambda *a, **k: loaded.append(a))
+    with pytest.raises(InputError) as refused:
+        export(str(tiny_model), tmp_path / "out", qmodes=["8da4w", "fp32"], max_seq_len=64)
+    message = str(refused.value)
+    assert "\n" not in message and "needs about 1.5 GiB of memory at its peak" in message
+    assert "read one layer at a time" in message and "1.0 GiB available" in message
+    assert "drop --qmode fp32" in message and "a smaller model" in message
+    assert not loaded and not (tmp_path / "out").exists() and not list(tmp_path.iterdir())
+
+
+def test_the_estimate_follows_the_real_shapes_and_the_measured_peaks():
+    from benchmarks.models import qwen3_4b_config, smollm2_1_7b_config
+    from hub_export.memory_budget import GIB, fp32_weight_bytes, run_peak
+
+    qwen = fp32_weight_bytes(qwen3_4b_config().to_dict())
+    smol = fp32_weight_bytes(smollm2_1_7b_config().to_dict())
+    assert 4.00e9 < qwen / 4 < 4.05e9  # Qwen3-4B: 4.02 B parameters, tied embeddings counted once
+    assert 1.70e9 < smol / 4 < 1.72e9
+    default = ExportOptions(qmodes=("8da4w",), qembedding="8w")
+    assert run_peak(qwen, default, streamed=True) <= 0.75 * qwen  # what the layer-by-layer export promises
+    assert run_peak(qwen, default, streamed=False) > 24 * GIB  # loaded whole, it would not fit this machine
