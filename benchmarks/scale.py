@@ -205,17 +205,17 @@ def main(argv: list[str] | None = None) -> None:
         from hub_export.manifest import machine_description
 
         rows = {row["shape"]: row for row in json.loads(path.read_text())["rows"]} if path.is_file() else {}
+        order = [name for name, _, _ in shapes().values()]
         with tempfile.TemporaryDirectory(prefix="scale-") as work:
             for key in args.shapes:
                 row = run_shape(key, Path(work))
                 rows[row["shape"]] = row
-        order = [name for name, _, _ in shapes().values()]
-        result = {
-            "machine": machine_description(),
-            "command": "python -m benchmarks.scale " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "rows": sorted(rows.values(), key=lambda row: order.index(row["shape"])),
-        }
-    write_results("scale", result, markdown(result))
+                result = {
+                    "machine": machine_description(),
+                    "command": "python -m benchmarks.scale " + " ".join(argv if argv is not None else sys.argv[1:]),
+                    "rows": sorted(rows.values(), key=lambda row: order.index(row["shape"])),
+                }
+                write_results("scale", result, markdown(result))  # after each shape: a long run keeps what it has
     plot(result)
 
 

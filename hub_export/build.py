@@ -25,7 +25,7 @@ from .manifest import Variant, Verification, sha256_file
 from .options import variant_filename
 from .patches import release_memory
 from .runtime import MemoryProbe
-from .verify import expected_logits, verify
+from .verify import expected_logits, text_config, token_ids, verify
 from .wrap import ExportableDecoder, export_program
 
 if TYPE_CHECKING:
@@ -41,28 +41,6 @@ if TYPE_CHECKING:
 UNBOUNDED_CONTEXT = 1 << 30
 
 Say = Callable[..., None]  # (message, stage, variant): a hub_export.progress.Tracker, or a worker's relay
-
-
-def _text_config(config):
-    return config.get_text_config() if hasattr(config, "get_text_config") else config
-
-
-def _ids(value) -> list[int]:
-    if value is None:
-        return []
-    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
-
-
-def token_ids(model) -> tuple[int | None, list[int]]:
-    """BOS id and the union of EOS ids from the generation config and the model config."""
-    gen = getattr(model, "generation_config", None)
-    text = _text_config(model.config)
-    bos = getattr(gen, "bos_token_id", None)
-    bos = bos if bos is not None else getattr(text, "bos_token_id", None)
-    eos: list[int] = []
-    for value in (getattr(gen, "eos_token_id", None), getattr(text, "eos_token_id", None)):
-        eos += [i for i in _ids(value) if i not in eos]
-    return (bos[0] if isinstance(bos, list) else bos), eos
 
 
 def load_model(path: Path, trust_remote_code: bool, task: tasks.Task = tasks.TEXT_GENERATION):
@@ -299,14 +277,14 @@ def _lower(run: RunState, model, name: str):
     run.say(
         f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})", "export", name
     )
-    layout = plan_layers(_text_config(model.config), run.max_seq_len, opts.sliding_cache, opts.kv_cache, opts.sink())
+    layout = plan_layers(text_config(model.config), run.max_seq_len, opts.sliding_cache, opts.kv_cache, opts.sink())
     program = export_program(ExportableDecoder(model, run.max_seq_len, layout))
     bos, eos = token_ids(model)
     metadata = runner_metadata(
         max_seq_len=run.max_seq_len,
         bos_id=bos,
         eos_ids=eos,
-        vocab_size=_text_config(model.config).vocab_size,
+        vocab_size=text_config(model.config).vocab_size,
         dynamic_shape=is_dynamic(program),
         max_context_len=UNBOUNDED_CONTEXT if layout.unbounded else None,
     )

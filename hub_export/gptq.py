@@ -194,7 +194,7 @@ def _upper_inverse_cholesky(hessian: torch.Tensor) -> torch.Tensor:
 
 def heap_allocations():
     """:func:`hub_export.patches.heap_allocations` (imported when used: patches imports torch)."""
-    from .patches import heap_allocations as allocations
+    from .patches import heap_allocations as allocations  # patches imports torch: loaded when GPTQ runs
 
     return allocations()
 

@@ -188,7 +188,7 @@ class LayerwiseModel:
         self.count = len(self.layers)
         self._aliases = _parameter_aliases(model)
         outer = [name for name in self._aliases if not self._in_layers(name)]
-        self._assign(checkpoint.read(self._present(outer)))
+        self._assign(self._read(outer))
 
     @classmethod
     def open(cls, folder: Path, trust_remote_code: bool = False) -> LayerwiseModel:
@@ -221,9 +221,22 @@ class LayerwiseModel:
         """The names of decoder layer ``index``'s modules start with this."""
         return f"{self.prefix}.{index}."
 
+    def _stored_name(self, name: str) -> str:
+        """``name`` as the checkpoint spells it: whole, or without the base model's prefix (``transformer.``,
+        ``model.``), as older checkpoints saved the bare base model."""
+        prefix = f"{getattr(self.model, 'base_model_prefix', '')}."
+        if name not in self.checkpoint and name.startswith(prefix) and name[len(prefix) :] in self.checkpoint:
+            return name[len(prefix) :]
+        return name
+
+    def _read(self, names: list[str]) -> dict[str, torch.Tensor]:
+        stored = {name: self._stored_name(name) for name in self._present(names)}
+        tensors = self.checkpoint.read(list(stored.values()))
+        return {name: tensors[spelled] for name, spelled in stored.items()}
+
     def _present(self, names: list[str]) -> list[str]:
-        """``names`` as the checkpoint holds them; a tied alias missing from it (an output head) is not needed."""
-        missing = [name for name in names if name not in self.checkpoint]
+        """``names``, each of which the checkpoint must hold (whole or without the base model's prefix)."""
+        missing = [name for name in names if self._stored_name(name) not in self.checkpoint]
         if missing:
             raise SourceError(
                 f"the checkpoint has no weight {missing[0]!r} that {type(self.model).__name__} expects"
@@ -250,7 +263,7 @@ class LayerwiseModel:
 
     def load_layer(self, index: int) -> nn.Module:
         """Decoder layer ``index`` with its float32 weights read from the checkpoint."""
-        self._assign(self.checkpoint.read(self._present(self.layer_names(index))))
+        self._assign(self._read(self.layer_names(index)))
         return self.layers[index]
 
     def unload_layer(self, index: int) -> None:
@@ -273,7 +286,7 @@ class LayerwiseModel:
     @contextmanager
     def attention(self, eager: bool):
         """The model's own attention (what calibration sees), or transformers' eager math (what references use)."""
-        from .wrap import eager_attention
+        from .wrap import eager_attention  # wrap imports torch: loaded when a pass runs
 
         if not eager:
             yield

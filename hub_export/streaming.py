@@ -68,9 +68,9 @@ def prepare_streamed(
 ) -> tuple[LayerwiseModel, Reference | None, Int4Rounding | None]:
     """The fp32 reference and GPTQ's codes of ``src``, each decoder layer read once for both (plus one read per
     greedy token of the reference's prompt)."""
-    from .build import token_ids
+    # torch-heavy stages, loaded by the run (this module is imported by the option checks)
     from .calibrate import round_int4_layerwise
-    from .verify import build_sequences, reference_of, reference_windows
+    from .verify import build_sequences, reference_of, reference_windows, token_ids
 
     layerwise = open_model(src)
     tokenizer_json = src.path / "tokenizer.json"

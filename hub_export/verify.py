@@ -150,6 +150,29 @@ class Expected:
     text: TokenStats | None
 
 
+def text_config(config):
+    """The text part of a (possibly multimodal) config."""
+    return config.get_text_config() if hasattr(config, "get_text_config") else config
+
+
+def _ids(value) -> list[int]:
+    if value is None:
+        return []
+    return [int(v) for v in (value if isinstance(value, (list, tuple)) else [value])]
+
+
+def token_ids(model) -> tuple[int | None, list[int]]:
+    """BOS id and the union of EOS ids from the generation config and the model config."""
+    gen = getattr(model, "generation_config", None)
+    text = text_config(model.config)
+    bos = getattr(gen, "bos_token_id", None)
+    bos = bos if bos is not None else getattr(text, "bos_token_id", None)
+    eos: list[int] = []
+    for value in (getattr(gen, "eos_token_id", None), getattr(text, "eos_token_id", None)):
+        eos += [i for i in _ids(value) if i not in eos]
+    return (bos[0] if isinstance(bos, list) else bos), eos
+
+
 def eval_text(name: str = EVAL_TEXT) -> str:
     return resources.files("hub_export").joinpath("data", name).read_text(encoding="utf-8")
 

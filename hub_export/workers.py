@@ -112,7 +112,7 @@ def build_job(job: VariantJob, say: Callable[..., None]) -> Variant:
 
     from .build import RunState, build_variant, load_model
     from .patches import map_large_allocations
-    from .streaming import can_stream
+    from .streaming import can_stream  # with the build stages, in the worker
 
     torch.set_num_threads(job.threads)
     map_large_allocations()

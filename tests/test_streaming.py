@@ -179,3 +179,21 @@ def test_the_estimate_follows_the_real_shapes_and_the_measured_peaks():
     default = ExportOptions(qmodes=("8da4w",), qembedding="8w")
     assert run_peak(qwen, default, streamed=True) <= 0.75 * qwen  # what the layer-by-layer export promises
     assert run_peak(qwen, default, streamed=False) > 24 * GIB  # loaded whole, it would not fit this machine
+
+
+def test_a_checkpoint_of_the_bare_base_model_is_read_as_from_pretrained_reads_it(tiny_model, tmp_path):
+    """Older checkpoints store the base model's weights without its prefix (``embed_tokens.weight``, not
+    ``model.embed_tokens.weight``): transformers loads them, and so does the layer-by-layer reader."""
+    import shutil
+
+    from safetensors.torch import load_file, save_file
+
+    folder = tmp_path / "bare"
+    shutil.copytree(tiny_model, folder)
+    tensors = load_file(folder / "model.safetensors")
+    save_file({name.removeprefix("model."): t for name, t in tensors.items()}, folder / "model.safetensors",
+              metadata={"format": "pt"})  # fmt: skip
+    whole = load_model(tiny_model, False)
+    layerwise = LayerwiseModel.open(folder)
+    window = torch.tensor([[5, 6, 7, 8]])
+    assert torch.equal(layerwise.full_pass(window), _logits(whole, window, False))
