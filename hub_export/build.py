@@ -252,6 +252,8 @@ def _quantized_copy(
         model, fallback = streaming.quantized_model(
             run.src, qmode, opts, recipe, lambda message: run.say(f"[{name}] {message}", "note", name)
         )
+        if last and run.int4_rounding is not None:
+            run.int4_rounding.forget_codes()  # the model holds them now; no later variant of this process needs them
         return model, fallback, expect(model) if run.reference is not None else None
     model = weight_sharing_copy(run.model)
     if quantizer is not None:

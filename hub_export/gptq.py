@@ -68,6 +68,7 @@ class Int4Rounding:
     text: str = ""
     tokens: int = 0
     seconds: float = 0.0
+    layers: int = 0  # how many linears were rounded (kept when the codes are let go)
 
     def __contains__(self, name: str) -> bool:
         return name in self.packed
@@ -94,7 +95,15 @@ class Int4Rounding:
 
     def record(self) -> dict[str, Any]:
         """What the manifest says about the calibration (never the text itself)."""
-        return {"text": self.text, "tokens": self.tokens, "seconds": round(self.seconds, 1), "layers": len(self.packed)}
+        layers = len(self.packed) or self.layers
+        return {"text": self.text, "tokens": self.tokens, "seconds": round(self.seconds, 1), "layers": layers}
+
+    def forget_codes(self) -> None:
+        """Let the codes go once the last variant holds them (0.6 bytes per weight: 2.3 GB for a 4B model,
+        which would otherwise sit through lowering); the record stays."""
+        self.layers = len(self.packed) or self.layers
+        self.packed.clear()
+        self.scales.clear()
 
 
 def _group_scales(weight: torch.Tensor, importance: torch.Tensor, group_size: int) -> torch.Tensor:

@@ -197,3 +197,25 @@ def test_a_checkpoint_of_the_bare_base_model_is_read_as_from_pretrained_reads_it
     layerwise = LayerwiseModel.open(folder)
     window = torch.tensor([[5, 6, 7, 8]])
     assert torch.equal(layerwise.full_pass(window), _logits(whole, window, False))
+
+
+def test_the_gptq_codes_are_let_go_once_the_last_variant_holds_them(tiny_model, tmp_path):
+    """GPTQ's codes (0.6 bytes a weight) must not sit through the last variant's lowering; the manifest still says
+    how many linears GPTQ rounded."""
+    from hub_export import build
+    from hub_export.export import export
+
+    held = []
+    original = build._lower
+
+    def lowering(run, model, name):
+        held.append(len(run.int4_rounding.packed))
+        return original(run, model, name)
+
+    build._lower = lowering
+    try:
+        manifest = export(str(tiny_model), tmp_path / "out", qmodes=["8da4w"], max_seq_len=64, quality_tokens=64)
+    finally:
+        build._lower = original
+    assert held == [0]
+    assert manifest.variants[0].recipe["gptq"]["layers"] == 15
