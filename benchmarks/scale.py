@@ -201,6 +201,7 @@ def main(argv: list[str] | None = None) -> None:
     path = RESULTS / "scale.json"
     if args.markdown_only:
         result = json.loads(path.read_text())
+        write_results("scale", result, markdown(result))
     else:
         from hub_export.manifest import machine_description
 
