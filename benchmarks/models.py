@@ -78,18 +78,13 @@ def build_smollm2_shaped(folder: str | Path) -> Path:
 
 def build_shaped(folder: str | Path, config) -> Path:
     """Save a random-weight model of ``config``'s shape with a tokenizer covering its vocabulary."""
-    from hub_export.demo import build_tiny_model, train_tokenizer
+    from hub_export.demo import build_tiny_model
 
     folder = Path(folder)
     if (folder / "config.json").is_file():
         return folder
     build_tiny_model(folder, config=config)
-    # The demo tokenizer has 512 tokens; pad it with added tokens so every id the model
-    # can emit decodes (the runner looks each generated id up).
-    tokenizer = train_tokenizer()
-    missing = config.vocab_size - tokenizer.get_vocab_size()
-    tokenizer.add_tokens([f"<|pad_{i}|>" for i in range(missing)])
-    tokenizer.save(str(folder / "tokenizer.json"))
+    _tokenizer(folder, config.vocab_size, None)
     return folder
 
 
@@ -185,6 +180,8 @@ def build_large_shaped(
 
 
 def _tokenizer(folder: Path, vocab_size: int, real: Path | None) -> None:
+    """Copy the ``real`` tokenizer's files into ``folder``, or save the demo tokenizer there padded with added
+    tokens to ``vocab_size``, so every id the model can emit decodes (the runner looks each generated id up)."""
     import shutil
 
     from hub_export.demo import train_tokenizer
