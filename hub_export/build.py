@@ -173,9 +173,29 @@ def _build_encoder_variant(run: RunState, qmode: str, last: bool) -> Variant:
     return record
 
 
+@dataclass
+class LoweredText:
+    """A text variant's file, written but not yet verified: what verification needs from the process that
+    quantized and lowered it (:func:`lower_text_variant`)."""
+
+    qmode: str
+    path: Path
+    metadata: dict
+    layout: Any  # hub_export.kv_cache.CacheLayout
+    expected: Any  # hub_export.verify.Expected, or None without verification
+    fallback: list[str]
+    seconds: float
+
+
 def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
-    opts = run.options
-    name = variant_filename(qmode, opts.qembedding)
+    return finish_text_variant(run, lower_text_variant(run, qmode, last), probe)
+
+
+def lower_text_variant(run: RunState, qmode: str, last: bool) -> LoweredText:
+    """Quantize, export and lower one text variant of ``run`` into its staging folder, and compute what its file
+    must reproduce. A worker process can do this part alone and leave the checks to the parent, so that the
+    memory the lowering leaves behind in its allocator is returned before the file is loaded to be verified."""
+    name = variant_filename(qmode, run.options.qembedding)
     mode = quantize.QMODES[qmode]
     started = time.perf_counter()
     plan = run.mixed_plan if mode.calibrated else None
@@ -188,19 +208,32 @@ def _build_variant(run: RunState, qmode: str, last: bool, probe) -> Variant:
     if last:
         run.model = None
     release_memory()
-    seconds = time.perf_counter() - started
+    return LoweredText(qmode, path, metadata, layout, expected, fallback, time.perf_counter() - started)
 
+
+def finish_text_variant(run: RunState, lowered: LoweredText, probe) -> Variant:
+    """Verify ``lowered``'s file against eager and in TextLLMRunner, measure its memory, and make its record."""
+    opts = run.options
+    mode = quantize.QMODES[lowered.qmode]
+    name, path, layout = lowered.path.name, lowered.path, lowered.layout
+    plan = run.mixed_plan if mode.calibrated else None
     verification, runtime_memory = Verification.skipped_record(), None
-    if expected is not None:
+    if lowered.expected is not None:
         run.say(f"[{name}] verifying against eager and in TextLLMRunner", "verify", name)
         verification = verify(
-            path, expected, run.reference, run.src.path / "tokenizer.json", judge_kind(mode.tolerance, opts.kv_cache)
+            path,
+            lowered.expected,
+            run.reference,
+            run.src.path / "tokenizer.json",
+            judge_kind(mode.tolerance, opts.kv_cache),
         )
         if not verification.passed:
             raise VerificationError(f"{name} failed verification: {verification.failure}")
         run.say(f"[{name}] measuring memory at full context ({run.max_seq_len} positions)", "note", name)
         runtime_memory = probe.measure(path, extra_tokens=8 if layout.unbounded else 0)
-    record = _variant_record(run, qmode, path, metadata, verification, seconds, fallback, plan)
+    record = _variant_record(
+        run, lowered.qmode, path, lowered.metadata, verification, lowered.seconds, lowered.fallback, plan
+    )
     record.kv_cache, record.runtime_memory = {**layout.to_dict(), "sliding": opts.sliding_cache}, runtime_memory
     return record
 

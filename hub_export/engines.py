@@ -28,7 +28,7 @@ import socket
 import tempfile
 import threading
 from collections.abc import Callable, Iterator
-from contextlib import contextmanager
+from contextlib import contextmanager, nullcontext
 from dataclasses import replace
 from pathlib import Path
 from typing import TYPE_CHECKING, Any, Protocol
@@ -119,6 +119,8 @@ class LocalEngine:
         options = request.options
         memory = variant_memory(prepared.weight_bytes, options.qmodes, prepared.streamed)
         workers = worker_count(options.jobs, len(options.qmodes), memory)
+        if prepared.streamed:
+            return self._build_streamed(prepared, options, workdir, workers, say)
         if workers > 1:
             prepared.model = None
             release_memory()
@@ -139,6 +141,36 @@ class LocalEngine:
         prepared.model = None  # the run owns it now, and drops it once the last variant no longer needs it
         for index, qmode in enumerate(options.qmodes):
             run.variants.append(build_variant(run, qmode, last=index == len(options.qmodes) - 1))
+        return run.variants
+
+    def _build_streamed(
+        self, prepared: Prepared, options: ExportOptions, workdir: Path, workers: int, say: Say
+    ) -> list[Variant]:
+        """Variants read layer by layer from the checkpoint: each file is quantized and lowered in a worker
+        process, which returns all it used when it exits, and verified here afterwards, so lowering's peak and
+        verification's never add up (nor add to what preparing left in this process's allocator)."""
+        from .build import RunState, finish_text_variant
+        from .patches import release_memory
+        from .runtime import MemoryProbe
+
+        rounding = prepared.int4_rounding
+        spill = workdir.parent / f".{workdir.name}.gptq-codes.safetensors"  # beside the staging folder, not in it
+        try:
+            if rounding is not None and rounding.packed:
+                rounding.spill(spill)
+            release_memory()
+            say(f"building {len(options.qmodes)} variant(s), {workers} at a time in worker processes")
+            jobs = _jobs(prepared, options, workdir, threads=max(1, usable_cpus() // workers))
+            for job in jobs:
+                job.lower_only = True
+            lowered = export_in_workers(jobs, workers, say, retries=self.retries)
+        finally:
+            spill.unlink(missing_ok=True)
+        run = RunState(None, prepared.src, options, prepared.max_seq_len, workdir, prepared.reference, say,
+                       prepared.mixed_plan, rounding)  # fmt: skip
+        for item in lowered:
+            with MemoryProbe() if prepared.reference is not None else nullcontext() as probe:
+                run.variants.append(finish_text_variant(run, item, probe))
         return run.variants
 
     def describe(self) -> str:

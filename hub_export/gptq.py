@@ -40,6 +40,7 @@ import contextlib
 import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
+from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 if TYPE_CHECKING:
@@ -60,6 +61,8 @@ class Int4Rounding:
     """GPTQ's int4 codes and scales for some linears of a model, by module name, and how they were calibrated.
 
     Codes are stored two to a byte: the rounding travels pickled to every worker process.
+    A rounding :meth:`spill`-ed to a file travels as that file's path instead, and each
+    linear's codes are read from it only when that linear is quantized.
     """
 
     group_size: int
@@ -69,22 +72,35 @@ class Int4Rounding:
     tokens: int = 0
     seconds: float = 0.0
     layers: int = 0  # how many linears were rounded (kept when the codes are let go)
+    file: Path | None = None  # where spill() put the codes
+    spilled: frozenset[str] = frozenset()  # the linears whose codes are in ``file``
 
     def __contains__(self, name: str) -> bool:
-        return name in self.packed
+        return name in self.packed or name in self.spilled
+
+    def codes_and_scales(self, name: str) -> tuple[torch.Tensor, torch.Tensor]:
+        """``name``'s int4 codes as int8 in [-8, 7], shape [rows, cols], and its scales [rows, cols / group_size]."""
+        import torch
+
+        if name in self.packed:
+            packed, scales = self.packed[name], self.scales[name]
+        else:
+            from safetensors import safe_open
+
+            with safe_open(str(self.file), framework="pt") as stored:
+                packed, scales = stored.get_tensor(f"packed.{name}"), stored.get_tensor(f"scales.{name}")
+        low = (packed & 0xF).to(torch.int8) - 8
+        high = (packed >> 4).to(torch.int8) - 8
+        return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1), scales
 
     def codes(self, name: str) -> torch.Tensor:
         """``name``'s int4 codes as int8 in [-8, 7], shape [rows, cols]."""
-        import torch
-
-        packed = self.packed[name]
-        low = (packed & 0xF).to(torch.int8) - 8
-        high = (packed >> 4).to(torch.int8) - 8
-        return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1)
+        return self.codes_and_scales(name)[0]
 
     def weight(self, name: str) -> torch.Tensor:
         """``name``'s weight as the file stores it, back in float32."""
-        return self.codes(name).float() * self.scales[name].repeat_interleave(self.group_size, dim=1)
+        codes, scales = self.codes_and_scales(name)
+        return codes.float() * scales.repeat_interleave(self.group_size, dim=1)
 
     def add(self, name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
         import torch
@@ -95,12 +111,26 @@ class Int4Rounding:
 
     def record(self) -> dict[str, Any]:
         """What the manifest says about the calibration (never the text itself)."""
-        layers = len(self.packed) or self.layers
+        layers = len(self.packed) or len(self.spilled) or self.layers
         return {"text": self.text, "tokens": self.tokens, "seconds": round(self.seconds, 1), "layers": layers}
 
     def forget_codes(self) -> None:
         """Let the codes go once the last variant holds them (0.6 bytes per weight: 2.3 GB for a 4B model,
         which would otherwise sit through lowering); the record stays."""
+        self.layers = len(self.packed) or len(self.spilled) or self.layers
+        self.packed.clear()
+        self.scales.clear()
+        self.spilled = frozenset()
+
+    def spill(self, path: Path) -> None:
+        """Move the codes to a safetensors file at ``path``: a process that only hands the rounding to the
+        processes that quantize no longer holds them, and each of those reads one linear's codes at a time."""
+        from safetensors.torch import save_file
+
+        tensors = {f"packed.{name}": packed for name, packed in self.packed.items()}
+        tensors.update({f"scales.{name}": scales for name, scales in self.scales.items()})
+        save_file(tensors, str(path))
+        self.file, self.spilled = path, frozenset(self.packed)
         self.layers = len(self.packed) or self.layers
         self.packed.clear()
         self.scales.clear()
@@ -443,9 +473,9 @@ def apply(model: torch.nn.Module, rounding: Int4Rounding, only: Callable[[str], 
         if name not in rounding or not isinstance(module, torch.nn.Linear) or not only(name):
             continue
         weight = module.weight
-        codes, scales = rounding.codes(name), rounding.scales[name]
         if getattr(weight, "target_dtype", None) != torch.int4:
             continue  # kept int8 in this variant (mixed's plan, a per-channel fallback, a shared head)
+        codes, scales = rounding.codes_and_scales(name)
         if tuple(weight.block_size) != (1, rounding.group_size) or weight.qdata.shape != codes.shape:
             raise RuntimeError(f"GPTQ codes of {name} were made for group size {rounding.group_size}, not "
                                f"{weight.block_size[1]}")  # fmt: skip

@@ -19,6 +19,7 @@ import logging
 import logging.handlers
 import multiprocessing
 import os
+import pickle
 import queue
 import time
 import traceback
@@ -33,6 +34,7 @@ from .quantize import QMODES
 from .quiet import quiet_libraries, quiet_torch
 
 if TYPE_CHECKING:
+    from .build import LoweredText
     from .calibrate import MixedPlan
     from .gptq import Int4Rounding
     from .manifest import Variant
@@ -57,6 +59,7 @@ class VariantJob:
     quiet: bool
     mixed_plan: MixedPlan | None = None
     int4_rounding: Int4Rounding | None = None
+    lower_only: bool = False  # a text variant: quantize and lower, leave verifying to the parent
 
 
 def usable_cpus() -> int:
@@ -105,12 +108,13 @@ def portable(exc: BaseException) -> BaseException:
     return RuntimeError(f"a worker process failed:\n{remote}")
 
 
-def build_job(job: VariantJob, say: Callable[..., None]) -> Variant:
-    """Build ``job``'s variant in this process from its checkpoint (what every engine's worker runs)."""
+def build_job(job: VariantJob, say: Callable[..., None]) -> Variant | LoweredText:
+    """Build ``job``'s variant in this process from its checkpoint (what every engine's worker runs); with
+    ``job.lower_only``, only its file (:func:`hub_export.build.lower_text_variant`)."""
     # torch and the build stages load here, in the worker: the parent that spawns workers never needs them.
     import torch
 
-    from .build import RunState, build_variant, load_model
+    from .build import RunState, build_variant, load_model, lower_text_variant
     from .patches import map_large_allocations
     from .streaming import can_stream  # with the build stages, in the worker
 
@@ -129,6 +133,8 @@ def build_job(job: VariantJob, say: Callable[..., None]) -> Variant:
     )
     if not can_stream(job.src, job.options, run.task):  # otherwise each layer is read as it is quantized
         run.model = load_model(job.src.path, job.options.trust_remote_code, run.task)
+    if job.lower_only:
+        return lower_text_variant(run, job.qmode, last=True)
     return build_variant(run, job.qmode, last=True)
 
 
@@ -144,7 +150,9 @@ def _work(job: VariantJob, messages) -> None:
         package_log.propagate = False
         package_log.setLevel(logging.INFO)
         variant = build_job(job, say=lambda *event: messages.put(("say", job.index, event)))
-        messages.put(("done", job.index, variant))
+        # Pickled here by value: through the queue, torch would send a tensor (a lowered file's expected logits) as
+        # shared memory that vanishes when this process exits before the parent has read it.
+        messages.put(("done", job.index, pickle.dumps(variant)))
     except BaseException as exc:
         messages.put(("error", job.index, portable(exc)))
 
@@ -154,7 +162,7 @@ def _work(job: VariantJob, messages) -> None:
 
 def export_in_workers(
     jobs: list[VariantJob], workers: int, say: Callable[..., None], retries: int = 0
-) -> list[Variant]:
+) -> list[Variant | LoweredText]:
     """Build ``jobs`` in at most ``workers`` processes at once; variants come back in job order.
 
     A worker that dies without a word (killed, out of memory) is started again up to
@@ -198,7 +206,7 @@ def export_in_workers(
             if kind == "say":
                 say(*payload)
             elif kind == "done":
-                results[index] = payload
+                results[index] = pickle.loads(payload)
                 running.pop(index).join()
             elif kind == "error":
                 raise payload

@@ -199,23 +199,46 @@ def test_a_checkpoint_of_the_bare_base_model_is_read_as_from_pretrained_reads_it
     assert torch.equal(layerwise.full_pass(window), _logits(whole, window, False))
 
 
-def test_the_gptq_codes_are_let_go_once_the_last_variant_holds_them(tiny_model, tmp_path):
-    """GPTQ's codes (0.6 bytes a weight) must not sit through the last variant's lowering; the manifest still says
-    how many linears GPTQ rounded."""
-    from hub_export import build
+def test_the_gptq_codes_wait_on_disk_while_workers_lower_the_files(tiny_model, tmp_path):
+    """GPTQ's codes (0.6 bytes a weight) must not sit in the parent while a worker quantizes and lowers: they wait
+    in a file beside the staging folder, which is gone afterwards; the manifest still says how many linears GPTQ
+    rounded."""
+    from hub_export import engines
     from hub_export.export import export
 
-    held = []
-    original = build._lower
+    seen = []
+    original = engines.export_in_workers
 
-    def lowering(run, model, name):
-        held.append(len(run.int4_rounding.packed))
-        return original(run, model, name)
+    def lowering(jobs, workers, say, retries=0):
+        rounding = jobs[0].int4_rounding
+        seen.append((len(rounding.packed), len(rounding.spilled), rounding.file.is_file(), jobs[0].lower_only))
+        return original(jobs, workers, say, retries)
 
-    build._lower = lowering
+    engines.export_in_workers = lowering
     try:
         manifest = export(str(tiny_model), tmp_path / "out", qmodes=["8da4w"], max_seq_len=64, quality_tokens=64)
     finally:
-        build._lower = original
-    assert held == [0]
+        engines.export_in_workers = original
+    assert seen == [(0, 15, True, True)]
     assert manifest.variants[0].recipe["gptq"]["layers"] == 15
+    assert manifest.variants[0].verification.passed
+    assert sorted(path.name for path in tmp_path.iterdir()) == ["out"]
+
+
+def test_spilled_gptq_codes_read_back_as_they_were(tmp_path):
+    from hub_export.gptq import Int4Rounding
+
+    torch.manual_seed(0)
+    rounding = Int4Rounding(group_size=32)
+    codes = {name: torch.randint(-8, 8, (16, 64), dtype=torch.int8) for name in ("a.q_proj", "a.k_proj")}
+    scales = {name: torch.rand(16, 2) for name in codes}
+    for name in codes:
+        rounding.add(name, codes[name], scales[name])
+    weights = {name: rounding.weight(name) for name in codes}
+    rounding.spill(tmp_path / "codes.safetensors")
+    assert not rounding.packed and "a.q_proj" in rounding and "a.v_proj" not in rounding
+    for name in codes:
+        read_codes, read_scales = rounding.codes_and_scales(name)
+        assert torch.equal(read_codes, codes[name]) and torch.equal(read_scales, scales[name])
+        assert torch.equal(rounding.weight(name), weights[name])
+    assert rounding.record()["layers"] == 2
