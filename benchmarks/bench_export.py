@@ -37,7 +37,7 @@ def _prompt_of_exactly(tokenizer_json: Path, n_tokens: int) -> str:
     """A text that the tokenizer encodes into exactly ``n_tokens`` ids."""
     from tokenizers import Tokenizer
 
-    from hub_export.demo import CORPUS
+    from hub_export.models.tiny import CORPUS
 
     tokenizer = Tokenizer.from_file(str(tokenizer_json))
     words = CORPUS.split()
@@ -61,7 +61,7 @@ def implied_size_bytes(config, qmode: str, qembedding: str | None, group_size: i
     format XNNPACK's blockwise int4 kernels take) and fp32 per channel. Activation
     buffers and the program itself are not counted.
     """
-    from hub_export.quantize import QEMBEDDINGS, QMODES
+    from hub_export.pipeline.quantize import QEMBEDDINGS, QMODES
 
     h, inter, layers = config.hidden_size, config.intermediate_size, config.num_hidden_layers
     head_dim = h // config.num_attention_heads
@@ -86,7 +86,7 @@ def implied_size_bytes(config, qmode: str, qembedding: str | None, group_size: i
 
 
 def runner_speed(pte: Path, tokenizer_json: Path, prompt: str, repeats: int) -> dict:
-    from hub_export.runtime import runner_generate
+    from hub_export.runtime.pte import runner_generate
 
     runs = [runner_generate(pte, tokenizer_json, prompt, DECODE_TOKENS) for _ in range(repeats + 1)][1:]
 
@@ -243,14 +243,14 @@ def main() -> None:
     warnings.filterwarnings("ignore")
 
     from benchmarks.models import build_smollm2_shaped, smollm2_135m_config
-    from hub_export.manifest import Manifest, machine_description
+    from hub_export.pipeline.manifest import Manifest, machine_description
 
     gguf_file = None
     if args.model == "smollm2":
         from transformers import AutoConfig
 
-        from hub_export.demo import packaged_smollm2
-        from hub_export.gguf_source import converted_folder
+        from hub_export.models.tiny import packaged_smollm2
+        from hub_export.pipeline.gguf_source import converted_folder
 
         gguf = packaged_smollm2()
         model_dir, _ = converted_folder(gguf)  # the float32 folder the export reads too (cached)

@@ -32,7 +32,7 @@ def _models(work: Path, layers: int) -> list[Path]:
     from transformers import LlamaConfig
 
     from benchmarks.models import smollm2_135m_config
-    from hub_export.demo import build_tiny_model
+    from hub_export.models.tiny import build_tiny_model
 
     shape = smollm2_135m_config().to_dict()
     shape.update(num_hidden_layers=layers, vocab_size=512)  # the demo tokenizer's vocabulary
@@ -73,7 +73,7 @@ def main() -> None:
     hub = None
     try:
         with LocalRay(env) as cluster:
-            from hub_export.localhub.store import add_user
+            from hub_export.hub.localhub.store import add_user
 
             env = cluster.env
             hub_port = free_port()
@@ -99,7 +99,7 @@ def main() -> None:
                 hub.kill()  # as the code before LocalRay did for every process it started
         shutil.rmtree(work, ignore_errors=True)
 
-    from hub_export.manifest import machine_description
+    from hub_export.pipeline.manifest import machine_description
 
     result = {
         "plan": f"2 models (SmolLM2-135M width, {args.layers} layers, random weights) x {', '.join(qmodes)}",

@@ -55,7 +55,8 @@ def build_floor(qmode: str, path: Path, attention: bool = False) -> Path:
     from torch import nn
 
     from benchmarks.models import smollm2_135m_config
-    from hub_export import lower, quantize, runtime
+    from hub_export.pipeline import lower, quantize
+    from hub_export.runtime import pte as runtime
 
     config = smollm2_135m_config()
     hidden, inner = config.hidden_size, config.intermediate_size
@@ -144,11 +145,11 @@ def build_floor(qmode: str, path: Path, attention: bool = False) -> Path:
 
 _ROUND = """
 import json, statistics, sys, time
-from hub_export.process_env import apply_xnnpack_isa
+from hub_export.runtime.process_env import apply_xnnpack_isa
 apply_xnnpack_isa()  # HUB_EXPORT_XNNPACK_ISA, where a benchmark sets it
 import torch
 from executorch.extension.pybindings.portable_lib import _load_for_executorch
-import hub_export.runtime as runtime
+import hub_export.runtime.pte as runtime
 runtime._load_kernels()
 if len(sys.argv) > 5:
     from executorch.extension.pybindings.portable_lib import _unsafe_reset_threadpool
@@ -177,7 +178,7 @@ print(json.dumps({"prefill_ms": prefill * 1e3, "decode_ms": statistics.median(ti
 
 def round_env(stock_mkl: bool = False) -> dict[str, str]:
     """A round's environment: hub-export's ``.pte`` process (MKL on one thread), or the caller's as it is."""
-    from hub_export.process_env import pte_process_env
+    from hub_export.runtime.process_env import pte_process_env
 
     if stock_mkl:
         return {key: value for key, value in os.environ.items() if key != "MKL_NUM_THREADS"}

@@ -21,8 +21,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hub_export.manifest import machine_description
-from hub_export.process_env import prepare_pte_process
+from hub_export.pipeline.manifest import machine_description
+from hub_export.runtime.process_env import prepare_pte_process
 
 RESULTS = Path(__file__).parent / "results"
 LENGTHS = (32, 128)
@@ -52,7 +52,7 @@ def _eager_rates(source: Path, rounds: int) -> dict[int, list[float]]:
     from tokenizers import Tokenizer
     from transformers import AutoModel
 
-    from hub_export.embeddings import Pooling, SentenceEmbedder
+    from hub_export.tasks.sentence_embeddings.export import Pooling, SentenceEmbedder
 
     tokenizer = Tokenizer.from_file(str(source / "tokenizer.json"))
     eager = SentenceEmbedder(AutoModel.from_pretrained(source).eval(), Pooling.of_folder(source))
@@ -84,8 +84,8 @@ def main() -> None:
     import torch
     from tokenizers import Tokenizer
 
-    from hub_export.export import export
-    from hub_export.runtime import PteModel
+    from hub_export.pipeline.export import export
+    from hub_export.runtime.pte import PteModel
 
     source = _source()
     qmodes = args.qmodes or ["8da8w", "fp32"]
@@ -122,7 +122,7 @@ def main() -> None:
 
 
 def _source() -> Path:
-    from hub_export.demo import packaged_minilm
+    from hub_export.models.tiny import packaged_minilm
 
     return packaged_minilm()
 

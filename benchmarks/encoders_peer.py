@@ -28,7 +28,7 @@ import time
 from pathlib import Path
 
 from benchmarks.peer import ROOT, peer_venv, peer_versions
-from hub_export.manifest import machine_description
+from hub_export.pipeline.manifest import machine_description
 
 RESULTS = Path(__file__).parent / "results"
 WORK = ROOT / "benchmarks" / "work" / "encoders-peer"
@@ -41,7 +41,7 @@ def masked_lm_source() -> Path:
     import torch
     from transformers import BertForMaskedLM
 
-    from hub_export.demo import packaged_minilm
+    from hub_export.models.tiny import packaged_minilm
 
     folder = WORK / "minilm-mlm"
     if (folder / "model.safetensors").is_file():
@@ -82,20 +82,20 @@ def export_both(source: Path) -> dict:
 
 
 def _minilm() -> Path:
-    from hub_export.demo import packaged_minilm
+    from hub_export.models.tiny import packaged_minilm
 
     return packaged_minilm()
 
 
 def time_file(pte: str, tokenizer_json: str) -> dict[str, float]:
     """Texts per second of one file at each length, in this (fresh) process."""
-    from hub_export.process_env import prepare_pte_process
+    from hub_export.runtime.process_env import prepare_pte_process
 
     prepare_pte_process()
     import torch
     from tokenizers import Tokenizer
 
-    from hub_export.runtime import PteModel
+    from hub_export.runtime.pte import PteModel
 
     tokenizer = Tokenizer.from_file(tokenizer_json)
     model = PteModel(pte)

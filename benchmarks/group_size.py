@@ -29,7 +29,7 @@ WORK = ROOT / "benchmarks" / "work" / "group-size"
 LAYERS, HIDDEN, INTERMEDIATE = 10, 576, 1536
 _ROUND = """
 import json, statistics, sys, time
-from hub_export.process_env import apply_xnnpack_isa
+from hub_export.runtime.process_env import apply_xnnpack_isa
 apply_xnnpack_isa()
 import torch
 from executorch.extension.pybindings.portable_lib import _load_for_executorch, _unsafe_reset_threadpool
@@ -81,7 +81,7 @@ def _mlp_program(group: int | None, path: Path) -> Path:
 
 
 def _time(pte: Path, isa: str) -> float:
-    from hub_export.process_env import XNNPACK_ISA_ENV, pte_process_env
+    from hub_export.runtime.process_env import XNNPACK_ISA_ENV, pte_process_env
 
     env = {key: value for key, value in pte_process_env().items() if key != XNNPACK_ISA_ENV}
     env.update({XNNPACK_ISA_ENV: isa} if isa != "native" else {})
@@ -145,7 +145,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=5)
     parser.add_argument("--no-quality", action="store_true", help="Speed only.")
     args = parser.parse_args()
-    from hub_export.manifest import machine_description
+    from hub_export.pipeline.manifest import machine_description
     from hub_export.quiet import quiet_libraries, quiet_torch
 
     quiet_libraries()

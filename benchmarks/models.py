@@ -78,7 +78,7 @@ def build_smollm2_shaped(folder: str | Path) -> Path:
 
 def build_shaped(folder: str | Path, config) -> Path:
     """Save a random-weight model of ``config``'s shape with a tokenizer covering its vocabulary."""
-    from hub_export.demo import build_tiny_model
+    from hub_export.models.tiny import build_tiny_model
 
     folder = Path(folder)
     if (folder / "config.json").is_file():
@@ -184,7 +184,7 @@ def _tokenizer(folder: Path, vocab_size: int, real: Path | None) -> None:
     tokens to ``vocab_size``, so every id the model can emit decodes (the runner looks each generated id up)."""
     import shutil
 
-    from hub_export.demo import train_tokenizer
+    from hub_export.models.tiny import train_tokenizer
 
     if real is not None:
         for name in ("tokenizer.json", "tokenizer_config.json", "special_tokens_map.json", "chat_template.jinja"):

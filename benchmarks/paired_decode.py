@@ -30,11 +30,11 @@ STEPS = 150
 
 _ROUND = """
 import json, statistics, sys, time
-from hub_export.process_env import apply_xnnpack_isa
+from hub_export.runtime.process_env import apply_xnnpack_isa
 apply_xnnpack_isa()  # HUB_EXPORT_XNNPACK_ISA, where a benchmark sets it
 import torch
 from executorch.extension.pybindings.portable_lib import _load_for_executorch
-import hub_export.runtime as runtime
+import hub_export.runtime.pte as runtime
 runtime._load_kernels()
 prompt, steps = int(sys.argv[1]), int(sys.argv[2])
 modules = [_load_for_executorch(path) for path in sys.argv[3:]]
@@ -62,7 +62,7 @@ print(json.dumps([statistics.median(t) * 1e3 for t in times]))
 
 def one_round(files: list[Path]) -> list[float]:
     """One fresh process over ``files`` in this order: each file's median decode step (ms)."""
-    from hub_export.process_env import pte_process_env
+    from hub_export.runtime.process_env import pte_process_env
 
     done = subprocess.run(
         [sys.executable, "-c", _ROUND, str(PROMPT_TOKENS), str(STEPS), *map(str, files)],

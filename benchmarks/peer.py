@@ -79,8 +79,8 @@ def source_folder(family: str) -> Path:
 
     if family == "qwen3":
         return models.build_shaped(WORK / "qwen3-0.6b-8l", models.qwen3_0_6b_config(layers=8))
-    from hub_export.demo import packaged_smollm2
-    from hub_export.gguf_source import converted_folder
+    from hub_export.models.tiny import packaged_smollm2
+    from hub_export.pipeline.gguf_source import converted_folder
 
     folder, _ = converted_folder(packaged_smollm2())
     return folder
@@ -178,8 +178,8 @@ def export_both(source: Path, qmode: str, at_once: bool, name: str) -> dict:
 
 
 def one_round(pte: Path, tokenizer: Path, prompt: str) -> dict:
-    """One generation in a fresh runner process (:func:`hub_export.runtime.runner_generate`)."""
-    from hub_export.runtime import runner_generate
+    """One generation in a fresh runner process (:func:`hub_export.runtime.pte.runner_generate`)."""
+    from hub_export.runtime.pte import runner_generate
 
     stats = runner_generate(pte, tokenizer, prompt, NEW_TOKENS)
     prefill_ms = stats["prompt_eval_end_ms"] - stats["inference_start_ms"]

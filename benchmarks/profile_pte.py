@@ -57,9 +57,9 @@ _LOADING = {"Program::load_method", "Method::init"}
 def profile(pte: Path, prompt_tokens: int, steps: int) -> dict:
     from executorch.extension.pybindings.portable_lib import _load_for_executorch
 
-    import hub_export.runtime
+    import hub_export.runtime.pte
 
-    hub_export.runtime._load_kernels()
+    hub_export.runtime.pte._load_kernels()
     module = _load_for_executorch(str(pte), enable_etdump=True, debug_buffer_size=0)
     meta = module.method_meta("forward")
     inputs = [

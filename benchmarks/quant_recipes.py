@@ -34,7 +34,7 @@ ROOT = Path(__file__).resolve().parent
 def _speeds(files: dict[str, Path], tokenizer_json: Path, prompt: str, rounds: int) -> dict[str, dict]:
     """Runner tokens/s of each file, the files taking turns so that drift hits them alike."""
     from benchmarks.bench_export import DECODE_TOKENS
-    from hub_export.runtime import runner_generate
+    from hub_export.runtime.pte import runner_generate
 
     decode: dict[str, list[float]] = {name: [] for name in files}
     prefill: dict[str, list[float]] = {name: [] for name in files}
@@ -64,10 +64,10 @@ def main() -> None:
     args = parser.parse_args()
 
     from benchmarks.bench_export import PROMPT_TOKENS, _prompt_of_exactly
-    from hub_export.card import frontier_png
-    from hub_export.demo import packaged_smollm2
-    from hub_export.export import export
-    from hub_export.manifest import Manifest
+    from hub_export.hub.card import frontier_png
+    from hub_export.models.tiny import packaged_smollm2
+    from hub_export.pipeline.export import export
+    from hub_export.pipeline.manifest import Manifest
     from hub_export.quiet import quiet_libraries, quiet_torch
 
     quiet_libraries()

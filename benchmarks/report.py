@@ -14,8 +14,8 @@ def machine_on_isa(isa: str | None) -> str:
     kernels for that older CPU (``HUB_EXPORT_XNNPACK_ISA``), and says so in the description."""
     import os
 
-    from hub_export.manifest import machine_description
-    from hub_export.process_env import XNNPACK_ISA_ENV
+    from hub_export.pipeline.manifest import machine_description
+    from hub_export.runtime.process_env import XNNPACK_ISA_ENV
 
     if not isa:
         return machine_description()

@@ -50,8 +50,8 @@ def shapes() -> dict:
 def model_folder(key: str) -> Path:
     """The shape's checkpoint folder, built once (SmolLM2 shapes get the real SmolLM2 tokenizer)."""
     from benchmarks.models import build_large_shaped
-    from hub_export.demo import packaged_smollm2
-    from hub_export.gguf_source import converted_folder
+    from hub_export.models.tiny import packaged_smollm2
+    from hub_export.pipeline.gguf_source import converted_folder
 
     name, config, smollm2_tokenizer = shapes()[key]
     tokenizer = converted_folder(packaged_smollm2())[0] if smollm2_tokenizer else None
@@ -112,7 +112,7 @@ def run_shape(key: str, work: Path) -> dict:
 
     folder = model_folder(key)
     index = json.loads((folder / "model.safetensors.index.json").read_text())
-    from hub_export.layerwise import LayerwiseModel
+    from hub_export.pipeline.layerwise import LayerwiseModel
 
     params = sum(p.numel() for p in LayerwiseModel.open(folder).model.parameters())
     del torch
@@ -203,7 +203,7 @@ def main(argv: list[str] | None = None) -> None:
         result = json.loads(path.read_text())
         write_results("scale", result, markdown(result))
     else:
-        from hub_export.manifest import machine_description
+        from hub_export.pipeline.manifest import machine_description
 
         rows = {row["shape"]: row for row in json.loads(path.read_text())["rows"]} if path.is_file() else {}
         order = [name for name, _, _ in shapes().values()]

@@ -74,7 +74,8 @@ def build_program(path: Path = PROGRAM) -> Path:
     import torch
     from torch import nn
 
-    from hub_export import lower, runtime
+    from hub_export.pipeline import lower
+    from hub_export.runtime import pte as runtime
 
     runtime._load_kernels()
 
@@ -150,7 +151,7 @@ def main() -> None:
     parser.add_argument("--rounds", type=int, default=3)
     args = parser.parse_args()
 
-    from hub_export.manifest import machine_description
+    from hub_export.pipeline.manifest import machine_description
 
     pte = build_program()
     runs: dict[str, list[dict]] = {setting: [] for setting in SETTINGS}

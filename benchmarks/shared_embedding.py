@@ -80,9 +80,9 @@ def two_file_layout(scratch: Path) -> None:
     from transformers import LlamaForCausalLM
 
     from benchmarks.models import build_smollm2_shaped, smollm2_135m_config
-    from hub_export import lower, quantize
-    from hub_export.runtime import _load_kernels
-    from hub_export.wrap import ExportableDecoder, export_program
+    from hub_export.pipeline import lower, quantize
+    from hub_export.runtime.pte import _load_kernels
+    from hub_export.tasks.text_generation.export import ExportableDecoder, export_program
 
     config = smollm2_135m_config()
     config.num_hidden_layers = 1

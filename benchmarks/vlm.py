@@ -2,7 +2,7 @@
 
     python -m benchmarks.vlm [--qmode 8da4w --qmode 8da8w] [--max-seq-len 1024]
 
-No package ships a SmolVLM checkpoint; :func:`hub_export.demo.build_smolvlm_shaped` builds SmolVLM-256M's
+No package ships a SmolVLM checkpoint; :func:`hub_export.models.tiny.build_smolvlm_shaped` builds SmolVLM-256M's
 vision tower and connector at real widths (random weights) around the packaged SmolLM2-135M-Instruct. Each
 variant is exported and verified by ``hub_export.export`` (8-bit embeddings), then timed in ExecuTorch's
 ``MultimodalRunner`` (a fresh process per run, its own figures) on a drawn 512-px image and a question: the image's
@@ -19,8 +19,8 @@ import tempfile
 import time
 from pathlib import Path
 
-from hub_export.manifest import machine_description
-from hub_export.process_env import prepare_pte_process
+from hub_export.pipeline.manifest import machine_description
+from hub_export.runtime.process_env import prepare_pte_process
 
 RESULTS = Path(__file__).parent / "results"
 NAME = "vlm-smolvlm-shaped"
@@ -38,11 +38,11 @@ def main() -> None:
     import torch
     from tokenizers import Tokenizer
 
-    from hub_export import vision_language as vl
-    from hub_export.demo import build_smolvlm_shaped
-    from hub_export.export import export
-    from hub_export.image_classifier import draw
-    from hub_export.manifest import Manifest
+    from hub_export.models.tiny import build_smolvlm_shaped
+    from hub_export.pipeline.export import export
+    from hub_export.pipeline.manifest import Manifest
+    from hub_export.tasks.image_classification.export import draw
+    from hub_export.tasks.vision_language import export as vl
 
     qmodes = args.qmodes or ["8da4w", "8da8w"]
     source = args.work / "smolvlm-shaped"

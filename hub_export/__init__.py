@@ -1,9 +1,9 @@
 """hub-export: Hugging Face language models and encoders -> verified ExecuTorch ``.pte`` files on the Hub.
 
-The pipeline, one module a stage: :mod:`~hub_export.source` -> (:mod:`~hub_export.calibrate`)
--> :mod:`~hub_export.wrap` -> :mod:`~hub_export.quantize` -> :mod:`~hub_export.lower` ->
-:mod:`~hub_export.verify` -> :mod:`~hub_export.card` -> :mod:`~hub_export.push` (:mod:`~hub_export.pull` back). What to
-build is one :class:`ExportOptions`; :mod:`~hub_export.build` makes one variant of it. The
+The pipeline, one module a stage: :mod:`~hub_export.pipeline.source` -> (:mod:`~hub_export.pipeline.calibrate`)
+-> :mod:`~hub_export.tasks.text_generation.export` -> :mod:`~hub_export.pipeline.quantize` -> :mod:`~hub_export.pipeline.lower` ->
+:mod:`~hub_export.pipeline.verify` -> :mod:`~hub_export.hub.card` -> :mod:`~hub_export.push` (:mod:`~hub_export.pull` back). What to
+build is one :class:`ExportOptions`; :mod:`~hub_export.pipeline.build` makes one variant of it. The
 CLI, and the Space through :mod:`~hub_export.service`, are thin layers over the functions below.
 
 Example:
@@ -19,25 +19,40 @@ and ``hub-export --help`` stay fast.
 
 from __future__ import annotations
 
+from hub_export.errors import (
+    ExportError,
+    HubError,
+    HubExportError,
+    InputError,
+    InternalError,
+    SourceError,
+    VerificationError,
+)
+from hub_export.hub.card import render_card
+from hub_export.hub.pull import list_variants, pull
+from hub_export.hub.push import push
+from hub_export.options import ExportOptions
+from hub_export.pipeline.export import export, read_manifest
+from hub_export.pipeline.manifest import Manifest, Variant
+from hub_export.pipeline.quantize import QMODES
+from hub_export.progress import ProgressEvent
+from hub_export.runtime.process_env import prepare_pte_process
+
 # Verbs live in modules of the same name (mlx-lm style). Binding the functions here,
 # after their modules are imported, keeps `hub_export.export` the function even once
 # `hub_export.export` the module is loaded. These modules import torch lazily.
-from .archs import FAMILIES
-from .card import render_card
-from .classify import ClassifyResult, classify
-from .embed import EmbedResult, embed
-from .errors import ExportError, HubError, HubExportError, InputError, InternalError, SourceError, VerificationError
-from .export import export, read_manifest
-from .fill_mask import FillMaskResult, fill_mask
-from .generate import GenerationResponse, GenerationResult, Sampling, generate, stream_generate
-from .manifest import Manifest, Variant
-from .options import ExportOptions
-from .process_env import prepare_pte_process
-from .progress import ProgressEvent
-from .pull import list_variants, pull
-from .push import push
-from .quantize import QMODES
-from .transcribe import TranscriptionResult, transcribe
+from hub_export.tasks.archs import FAMILIES
+from hub_export.tasks.fill_mask.run import FillMaskResult, fill_mask
+from hub_export.tasks.image_classification.run import ClassifyResult, classify
+from hub_export.tasks.sentence_embeddings.run import EmbedResult, embed
+from hub_export.tasks.speech.run import TranscriptionResult, transcribe
+from hub_export.tasks.text_generation.run import (
+    GenerationResponse,
+    GenerationResult,
+    Sampling,
+    generate,
+    stream_generate,
+)
 
 __version__ = "0.1.0"
 

@@ -22,9 +22,9 @@ import traceback
 from collections.abc import Callable
 from pathlib import Path
 
-from .errors import InternalError, first_line
-from .gguf_source import cache_root
-from .redact import Redactor
+from hub_export.errors import InternalError, first_line
+from hub_export.pipeline.gguf_source import cache_root
+from hub_export.redact import Redactor
 
 
 def log_dir() -> Path:

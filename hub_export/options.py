@@ -25,13 +25,14 @@ from collections.abc import Iterator
 from dataclasses import dataclass, field
 from typing import Any
 
-from . import quantize, tasks
-from .errors import InputError, declare_spellings, opt
+from hub_export.errors import InputError, declare_spellings, opt
+from hub_export.pipeline import quantize
+from hub_export.tasks import registry as tasks
 
 DEFAULT_SIZE_RATIO = 1.15  # the mixed qmode's default size cap, relative to plain 8da4w
-DEFAULT_QUALITY_TOKENS = 2048  # hub_export.verify.DEFAULT_QUALITY_TOKENS, without importing torch here
+DEFAULT_QUALITY_TOKENS = 2048  # hub_export.pipeline.verify.DEFAULT_QUALITY_TOKENS, without importing torch here
 EXPORT_AND_PUSH = ("export", "push")
-SLIDING_CACHES = ("ring", "full")  # hub_export.kv_cache's layouts of a sliding-window layer
+SLIDING_CACHES = ("ring", "full")  # hub_export.tasks.text_generation.kv_cache's layouts of a sliding-window layer
 KV_DTYPES = ("fp32", "int8")
 _KV_DTYPE_WORDS = {"fp32": "float", "int8": "int8: about a quarter of the memory"}  # a form's words for each
 SOURCE_OPTIONS = ("base_model", "license", "model_name", "revision", "gguf_file")
@@ -410,7 +411,7 @@ class ExportOptions:
 
     def recipe(self, eight_bit: frozenset[str] = frozenset(), rounding: Any = None) -> quantize.Recipe:
         """The quantization recipe of these options (``eight_bit``: the calibrated plan's int8 layers; ``rounding``:
-        GPTQ's codes, :class:`hub_export.gptq.Int4Rounding`)."""
+        GPTQ's codes, :class:`hub_export.pipeline.gptq.Int4Rounding`)."""
         return quantize.Recipe(scales=self.int4_scales, eight_bit=eight_bit, rounding=rounding)
 
     @property

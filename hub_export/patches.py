@@ -122,7 +122,7 @@ def xnnpack_partitioner_configs() -> list:
     """XNNPACK's partitioner configs, its linear config extended to claim float-activation, integer-weight linears.
 
     The stock config treats a dequantized weight as static quantization and then wants
-    the activation dequantized too, so it rejects :mod:`hub_export.weight_only`'s
+    the activation dequantized too, so it rejects :mod:`hub_export.pipeline.weight_only`'s
     pattern and the graph falls back to a decomposition XNNPACK gets wrong. Claimed
     whole (dequantize + int weight + scales), it is serialized as an fp32-input,
     per-channel int8/int4 fully-connected node.
@@ -237,7 +237,7 @@ def restrict_xnnpack_isa(isa: str) -> None:
     import sys
     from importlib.util import find_spec
 
-    from .errors import InputError  # local: this file imports no sibling at load time
+    from hub_export.errors import InputError  # local: this file imports no sibling at load time
 
     if isa not in _ISA_OFF:  # process_env.XNNPACK_ISAS names the same
         raise InputError(f"unknown --isa {isa!r}; choose one of: {', '.join(_ISA_OFF)}")

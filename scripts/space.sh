@@ -60,7 +60,7 @@ serve() {
 
     if [ ! -f "$model/config.json" ]; then
         step "Building a tiny demo model (random weights) in $model"
-        python -c "import sys; from hub_export.demo import build_tiny_model; build_tiny_model(sys.argv[1])" "$model"
+        python -c "import sys; from hub_export.models.tiny import build_tiny_model; build_tiny_model(sys.argv[1])" "$model"
     fi
 
     local host="${GRADIO_SERVER_NAME:-127.0.0.1}" port="${GRADIO_SERVER_PORT:-7860}"

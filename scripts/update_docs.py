@@ -54,7 +54,7 @@ MARK = re.compile(r"(<!-- ([a-z0-9-]+):[^\n]*-->\n)(.*?)(<!-- /\2 -->)", re.S)
 def source_of(name: str) -> str:
     """What section ``name`` must hold."""
     if name == "archs-table":
-        from hub_export.archs import markdown_table
+        from hub_export.tasks.archs import markdown_table
 
         return markdown_table()
     return (ROOT / "benchmarks" / "results" / f"{SECTIONS[name]}.md").read_text()

@@ -19,17 +19,17 @@ from settings import Settings
 from wording import failure_message
 
 from hub_export import service
-from hub_export.classify import ClassifyResult
-from hub_export.embed import EmbedResult
-from hub_export.engines import RayEngine
 from hub_export.errors import HubError
-from hub_export.fill_mask import FillMaskResult
-from hub_export.generate import GenerationResult
-from hub_export.hub import target_repo
-from hub_export.pull import list_variants
+from hub_export.hub.api import target_repo
+from hub_export.hub.pull import list_variants
+from hub_export.pipeline.engines import RayEngine
 from hub_export.redact import Redactor
 from hub_export.service import BackgroundJob
-from hub_export.transcribe import TranscriptionResult
+from hub_export.tasks.fill_mask.run import FillMaskResult
+from hub_export.tasks.image_classification.run import ClassifyResult
+from hub_export.tasks.sentence_embeddings.run import EmbedResult
+from hub_export.tasks.speech.run import TranscriptionResult
+from hub_export.tasks.text_generation.run import GenerationResult
 
 log = logging.getLogger("hub_export.space")
 

@@ -10,7 +10,7 @@ from collections.abc import Mapping
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from hub_export.hub import resolve_endpoint
+from hub_export.hub.api import resolve_endpoint
 
 log = logging.getLogger("hub_export.space")
 

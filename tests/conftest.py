@@ -13,7 +13,7 @@ from pathlib import Path
 
 import pytest
 
-pytest_plugins = ["hub_export.localhub.pytest_plugin"]
+pytest_plugins = ["hub_export.hub.localhub.pytest_plugin"]
 
 warnings.filterwarnings("ignore")
 
@@ -34,7 +34,7 @@ def private_conversion_cache(tmp_path_factory):
 @pytest.fixture(scope="session")
 def tiny_model(tmp_path_factory) -> Path:
     """A random-weight 2-layer Llama with tied embeddings and a BPE tokenizer."""
-    from hub_export.demo import build_tiny_model
+    from hub_export.models.tiny import build_tiny_model
 
     return build_tiny_model(tmp_path_factory.mktemp("models") / "tiny-llama")
 
@@ -42,7 +42,7 @@ def tiny_model(tmp_path_factory) -> Path:
 @pytest.fixture(scope="session")
 def exported_multi(tmp_path_factory, tiny_model) -> Path:
     """``tiny_model`` exported once with two variants (8da4w + 8-bit embeddings, fp32), built in two worker processes."""
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     out = tmp_path_factory.mktemp("exports") / "tiny-multi"
     events = []
@@ -59,7 +59,7 @@ def exported_multi(tmp_path_factory, tiny_model) -> Path:
 @pytest.fixture(scope="session")
 def exported_shared(tmp_path_factory, tiny_model) -> Path:
     """``tiny_model`` (tied embeddings) exported 8da8w with 8-bit embeddings stored once: ``.pte`` + ``.ptd``."""
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     out = tmp_path_factory.mktemp("exports") / "tiny-shared"
     export(str(tiny_model), out, qmodes=["8da8w"], qembedding="8w", max_seq_len=64, share_embeddings=True)

@@ -14,8 +14,8 @@ import pytest
 import torch
 import transformers
 
-from hub_export.archs import FAMILIES, SUPPORTED_MODEL_TYPES
-from hub_export.demo import build_tiny_model
+from hub_export.models.tiny import build_tiny_model
+from hub_export.tasks.archs import FAMILIES, SUPPORTED_MODEL_TYPES
 
 VOCAB = 512
 COMMON = dict(
@@ -98,7 +98,7 @@ def test_every_supported_model_type_has_a_test_config():
 @pytest.fixture(scope="session")
 def family_exports(tmp_path_factory):
     """Export a family once per session (fp32 + 8da4w) and remember where."""
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     done: dict[str, Path] = {}
 
@@ -114,7 +114,7 @@ def family_exports(tmp_path_factory):
 
 
 def _check_family(model_type: str, family_exports) -> None:
-    from hub_export.manifest import Manifest
+    from hub_export.pipeline.manifest import Manifest
 
     manifest = Manifest.read(family_exports(model_type) / "out")
     assert [v.qmode for v in manifest.variants] == ["fp32", "8da4w"]
@@ -138,7 +138,7 @@ def test_family_exports_verifies_and_runs_slow(model_type, family_exports):
 
 
 def _greedy_pte(pte: Path, prompt: list[int], new_tokens: int) -> list[int]:
-    from hub_export.runtime import PteModel
+    from hub_export.runtime.pte import PteModel
 
     model = PteModel(pte)
     ids = list(prompt)

@@ -4,8 +4,8 @@ from __future__ import annotations
 
 import pytest
 
-from hub_export.batch import parse_plan, read_plan
 from hub_export.errors import InputError
+from hub_export.pipeline.batch import parse_plan, read_plan
 
 PLAN = """
 defaults: {qmodes: [8da4w], max_seq_len: 256, qembedding: 8w}
@@ -70,8 +70,8 @@ def test_plan_files_that_are_missing_huge_or_binary_are_refused(tmp_path):
 
 
 def test_a_failed_job_fails_its_own_repo_only_and_the_run_says_so(local_hub, tiny_model, tmp_path):
-    from hub_export.batch import run_batch, summary
-    from hub_export.pull import list_variants
+    from hub_export.hub.pull import list_variants
+    from hub_export.pipeline.batch import run_batch, summary
 
     jobs = parse_plan(
         "defaults: {qmodes: [fp32], max_seq_len: 32, quality_tokens: 0}\n"
@@ -98,8 +98,8 @@ def test_a_failed_job_fails_its_own_repo_only_and_the_run_says_so(local_hub, tin
 
 
 def test_a_bug_in_a_job_keeps_its_traceback_in_a_log_the_summary_names(monkeypatch, tmp_path) -> None:
-    import hub_export.batch as batch_module
-    from hub_export.batch import run_batch, summary
+    import hub_export.pipeline.batch as batch_module
+    from hub_export.pipeline.batch import run_batch, summary
 
     def buggy_push(source, repo_id, *args, **kwargs):
         if repo_id == "me/broken":

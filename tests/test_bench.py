@@ -8,7 +8,7 @@ from helpers import error_line, run_cli
 
 
 def test_bench_reports_every_run_and_the_threads_it_asked_for(exported_multi, capsys) -> None:
-    from hub_export.bench import bench
+    from hub_export.tasks.text_generation.bench import bench
 
     result = bench(exported_multi / "model-8da4w-emb8w.pte", prompt_tokens=16, gen_tokens=24, threads=1, repeat=2)
     assert len(result.runs) == 2 and all(run["threads"] == 1 for run in result.runs)
@@ -28,10 +28,10 @@ def test_bench_refuses_more_tokens_than_the_context(exported_multi, capsys) -> N
 _KERNELS_PROBE = """
 import ctypes, json, os, sys
 from importlib.util import find_spec
-from hub_export.process_env import apply_xnnpack_isa
+from hub_export.runtime.process_env import apply_xnnpack_isa
 isa = apply_xnnpack_isa()
 import torch
-from hub_export.runtime import PteModel
+from hub_export.runtime.pte import PteModel
 logits = PteModel(sys.argv[1]).forward(torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]]), start_pos=0)
 root = next(iter(find_spec("executorch").submodule_search_locations))
 cpu = ctypes.CDLL(os.path.join(root, "lib", "libexecutorch_threadpool.so"), mode=os.RTLD_NOLOAD)  # the loaded one
@@ -45,7 +45,7 @@ def _probe_kernels(pte, isa: str | None) -> dict:
     import subprocess
     import sys
 
-    from hub_export.process_env import XNNPACK_ISA_ENV
+    from hub_export.runtime.process_env import XNNPACK_ISA_ENV
 
     env = {key: value for key, value in os.environ.items() if key != XNNPACK_ISA_ENV}
     done = subprocess.run([sys.executable, "-c", _KERNELS_PROBE, str(pte)], capture_output=True, text=True,

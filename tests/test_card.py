@@ -14,10 +14,10 @@ import pytest
 from huggingface_hub import ModelCard
 from typer.testing import CliRunner
 
-from hub_export.card import read_source_card, render_card, write_card
 from hub_export.cli import app
 from hub_export.errors import InputError
-from hub_export.manifest import Manifest, Variant, Verification, sha256_file
+from hub_export.hub.card import read_source_card, render_card, write_card
+from hub_export.pipeline.manifest import Manifest, Variant, Verification, sha256_file
 
 ENDPOINT = "https://hub.example"
 SOURCE_CARD = """---
@@ -325,9 +325,9 @@ def test_a_declared_license_drops_the_inherited_license_name_and_link(tmp_path: 
 
 
 def test_declarations_are_checked_before_anything_runs() -> None:
-    from hub_export.card import declared_source
-    from hub_export.export import _declared_source, export
+    from hub_export.hub.card import declared_source
     from hub_export.options import ExportOptions
+    from hub_export.pipeline.export import _declared_source, export
 
     assert declared_source("acme/Base", " Apache-2.0 ", "  Tiny   Chat ") == {
         "base_model": "acme/Base", "license": "apache-2.0", "model_name": "Tiny Chat",
@@ -352,7 +352,7 @@ def test_declarations_are_checked_before_anything_runs() -> None:
 
 
 def test_manifest_schema_takes_declarations_as_text_only() -> None:
-    from hub_export.manifest import check_manifest
+    from hub_export.pipeline.manifest import check_manifest
 
     data = _local_manifest(base_model="acme/Base", license="mit", model_name="Tiny").to_dict()
     check_manifest(data)
@@ -375,7 +375,7 @@ def _fake_export(folder: Path) -> Path:
 
 
 def test_push_from_a_local_export_with_base_model_inherits_its_card(local_hub, tmp_path: Path) -> None:
-    from hub_export.push import push
+    from hub_export.hub.push import push
 
     api = local_hub.api(local_hub.alice_token)
     api.create_repo("acme/Base-Llama")
@@ -406,7 +406,7 @@ def test_push_from_a_local_export_with_base_model_inherits_its_card(local_hub, t
 
 def test_the_machine_names_its_vector_isa_because_it_picks_the_kernels():
     """Speed figures from an AVX-512 VNNI core and an AVX2 one differ about 3x: the card says which."""
-    from hub_export.manifest import machine_description
+    from hub_export.pipeline.manifest import machine_description
 
     zen4 = "model name\t: AMD EPYC 9R14\nflags\t\t: fpu sse avx2 avx512f avx512_vnni\n"
     zen2 = "model name\t: AMD EPYC 7R32\nflags\t\t: fpu sse avx2 fma\n"
@@ -419,7 +419,7 @@ def test_the_vlm_snippets_text_from_a_chat_template_cannot_leave_its_code_block(
     """The text around the image comes from the source repo's chat template: hostile."""
     import ast
 
-    from hub_export.card import _python_string
+    from hub_export.hub.card import _python_string
 
     hostile = 'User:```\n</code><script>alert(1)</script>"; import os; os.system("x") #'
     literal = _python_string(hostile)

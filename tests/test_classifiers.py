@@ -14,14 +14,14 @@ from hub_export.errors import InputError, SourceError
 
 @pytest.fixture(scope="session")
 def tiny_mlm(tmp_path_factory) -> Path:
-    from hub_export.demo import build_tiny_masked_lm
+    from hub_export.models.tiny import build_tiny_masked_lm
 
     return build_tiny_masked_lm(tmp_path_factory.mktemp("mlm") / "tiny-bert-mlm")
 
 
 @pytest.fixture(scope="session")
 def exported_mlm(tmp_path_factory, tiny_mlm) -> Path:
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     out = tmp_path_factory.mktemp("exports") / "tiny-mlm"
     export(str(tiny_mlm), out, qmodes=["fp32", "8da8w"], jobs=1)
@@ -30,14 +30,14 @@ def exported_mlm(tmp_path_factory, tiny_mlm) -> Path:
 
 @pytest.fixture(scope="session")
 def tiny_vit(tmp_path_factory) -> Path:
-    from hub_export.demo import build_tiny_image_classifier
+    from hub_export.models.tiny import build_tiny_image_classifier
 
     return build_tiny_image_classifier(tmp_path_factory.mktemp("vision") / "tiny-vit", "vit")
 
 
 @pytest.fixture(scope="session")
 def exported_vit(tmp_path_factory, tiny_vit) -> Path:
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     out = tmp_path_factory.mktemp("exports") / "tiny-vit"
     export(str(tiny_vit), out, qmodes=["fp32", "8da8w"], jobs=1)
@@ -46,7 +46,7 @@ def exported_vit(tmp_path_factory, tiny_vit) -> Path:
 
 @pytest.fixture(scope="session")
 def picture(tmp_path_factory) -> Path:
-    from hub_export.image_classifier import draw
+    from hub_export.tasks.image_classification.export import draw
 
     path = tmp_path_factory.mktemp("images") / "circle.png"
     draw(0, 96)[0].save(path)
@@ -57,7 +57,7 @@ def picture(tmp_path_factory) -> Path:
 
 
 def test_fill_mask_files_are_verified_with_their_figures(exported_mlm) -> None:
-    from hub_export.manifest import Manifest
+    from hub_export.pipeline.manifest import Manifest
 
     manifest = Manifest.read(exported_mlm)
     assert manifest.source["task"] == "fill-mask" and manifest.source["mask_token"] == "[MASK]"
@@ -73,7 +73,7 @@ def test_fill_mask_gives_the_eager_models_words(exported_mlm, tiny_mlm) -> None:
     from tokenizers import Tokenizer
     from transformers import AutoModelForMaskedLM
 
-    from hub_export import fill_mask
+    from hub_export.tasks.fill_mask import run as fill_mask
 
     text = "The river that runs through the old [MASK] was once the reason anyone settled here."
     result = fill_mask(exported_mlm / "model-fp32.pte", exported_mlm, text, top_k=3)
@@ -88,7 +88,7 @@ def test_fill_mask_gives_the_eager_models_words(exported_mlm, tiny_mlm) -> None:
 
 
 def test_fill_mask_refuses_a_text_without_a_mask(exported_mlm) -> None:
-    from hub_export import fill_mask
+    from hub_export.tasks.fill_mask import run as fill_mask
 
     with pytest.raises(InputError, match=r"the text has no mask token: write \[MASK\] where a word is missing"):
         fill_mask(exported_mlm / "model-8da8w.pte", exported_mlm, "Nothing is missing here.")
@@ -98,11 +98,11 @@ def test_the_label_judge_fails_scores_that_are_not_eagers(exported_mlm, tiny_mlm
     """A file whose answers belong to other inputs (a mix-up of rows, what a wrong mask position would give) fails."""
     from transformers import AutoModelForMaskedLM
 
-    from hub_export.encoders import build_reference, pte_outputs
-    from hub_export.masked_lm import judge
-    from hub_export.quantize import QMODES
-    from hub_export.runtime import PteModel
-    from hub_export.tasks import FILL_MASK
+    from hub_export.pipeline.quantize import QMODES
+    from hub_export.runtime.pte import PteModel
+    from hub_export.tasks.encoders import build_reference, pte_outputs
+    from hub_export.tasks.fill_mask.export import judge
+    from hub_export.tasks.registry import FILL_MASK
 
     reference = build_reference(FILL_MASK, AutoModelForMaskedLM.from_pretrained(tiny_mlm).eval(), tiny_mlm, 512)
     actual = pte_outputs(PteModel(exported_mlm / "model-fp32.pte"), reference)
@@ -114,8 +114,8 @@ def test_the_label_judge_fails_scores_that_are_not_eagers(exported_mlm, tiny_mlm
 def test_fill_mask_cli_and_card(exported_mlm, capsys) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export.card import render_card
-    from hub_export.manifest import Manifest
+    from hub_export.hub.card import render_card
+    from hub_export.pipeline.manifest import Manifest
 
     code, out, _ = run_cli(
         ["fill-mask", str(exported_mlm), "The old [MASK] stood by the river.", "--top-k", "3"], capsys
@@ -135,7 +135,7 @@ def test_fill_mask_cli_and_card(exported_mlm, capsys) -> None:
 
 
 def test_image_classifier_files_are_verified_on_drawn_images(exported_vit) -> None:
-    from hub_export.manifest import Manifest
+    from hub_export.pipeline.manifest import Manifest
 
     manifest = Manifest.read(exported_vit)
     assert manifest.source["task"] == "image-classification" and manifest.source["image_size"] == [32, 32]
@@ -150,7 +150,7 @@ def test_classify_gives_the_eager_models_labels(exported_vit, tiny_vit, picture)
     from PIL import Image
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-    from hub_export import classify
+    from hub_export.tasks.image_classification import run as classify
 
     result = classify(exported_vit / "model-fp32.pte", exported_vit, picture, top_k=3)
     model = AutoModelForImageClassification.from_pretrained(tiny_vit).eval()
@@ -165,7 +165,7 @@ def test_classify_gives_the_eager_models_labels(exported_vit, tiny_vit, picture)
 
 
 def test_classify_refuses_what_is_not_an_image(exported_vit, tmp_path) -> None:
-    from hub_export import classify
+    from hub_export.tasks.image_classification import run as classify
 
     text = tmp_path / "notes.png"
     text.write_text("not an image")
@@ -176,7 +176,7 @@ def test_classify_refuses_what_is_not_an_image(exported_vit, tmp_path) -> None:
 def test_an_image_classifier_without_its_processor_or_with_a_text_length_is_refused(tiny_vit, tmp_path) -> None:
     import shutil
 
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     bare = tmp_path / "bare"
     shutil.copytree(tiny_vit, bare)
@@ -193,7 +193,7 @@ def test_an_image_classifier_goes_through_push_pull_classify_and_the_preview(
 ) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export import push
+    from hub_export.hub import push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-vit-classifier"
@@ -219,7 +219,7 @@ def test_an_image_classifier_goes_through_push_pull_classify_and_the_preview(
 
 
 def test_the_space_preview_of_a_fill_mask_repo_lists_the_words(exported_mlm, local_hub, tmp_path) -> None:
-    from hub_export import push
+    from hub_export.hub import push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-mlm-preview"
@@ -238,7 +238,7 @@ VISION_FAMILIES = ["vit", "deit", "mobilevit", "convnext", "efficientnet"]
 
 
 def test_every_family_is_exported_by_a_test() -> None:
-    from hub_export.archs import SUPPORTED_MODEL_TYPES
+    from hub_export.tasks.archs import SUPPORTED_MODEL_TYPES
 
     assert SUPPORTED_MODEL_TYPES["fill-mask"] == set(MLM_FAMILIES)
     assert SUPPORTED_MODEL_TYPES["image-classification"] == set(VISION_FAMILIES)
@@ -247,8 +247,8 @@ def test_every_family_is_exported_by_a_test() -> None:
 @pytest.mark.extended
 @pytest.mark.parametrize("model_type", MLM_FAMILIES[1:])
 def test_each_fill_mask_family_exports_verified(model_type, tmp_path) -> None:
-    from hub_export.demo import build_tiny_masked_lm
-    from hub_export.export import export
+    from hub_export.models.tiny import build_tiny_masked_lm
+    from hub_export.pipeline.export import export
 
     source = build_tiny_masked_lm(tmp_path / model_type, model_type)
     (variant,) = export(str(source), tmp_path / "out", qmodes=["8da8w"], max_seq_len=128, jobs=1).variants
@@ -260,10 +260,10 @@ def test_each_fill_mask_family_exports_verified(model_type, tmp_path) -> None:
 def test_each_image_family_exports_verified(model_type, tmp_path) -> None:
     from transformers import AutoModelForImageClassification
 
-    from hub_export.demo import build_tiny_image_classifier
-    from hub_export.encoders import build_reference
-    from hub_export.export import export
-    from hub_export.tasks import IMAGE_CLASSIFICATION
+    from hub_export.models.tiny import build_tiny_image_classifier
+    from hub_export.pipeline.export import export
+    from hub_export.tasks.encoders import build_reference
+    from hub_export.tasks.registry import IMAGE_CLASSIFICATION
 
     source = build_tiny_image_classifier(tmp_path / model_type, model_type)
     model = AutoModelForImageClassification.from_pretrained(source).eval()

@@ -80,7 +80,7 @@ def test_bad_options_are_refused_with_the_flag_to_change(monkeypatch) -> None:
     assert str(result.exception) == "--max-seq-len must be at least 2 (got 1)"
     assert result.exception.param == "max_seq_len"
     with pytest.raises(TypeError, match="unknown export option.*qmode\\b"):
-        from hub_export import export
+        from hub_export.pipeline import export
 
         export("acme/model", "out", qmode="8da4w")  # a typo in the Python API is a TypeError, as for any function
 
@@ -89,7 +89,7 @@ def test_the_local_hub_is_an_extra_with_a_clear_message(monkeypatch) -> None:
     """Without fastapi installed, `hub-export hub ...` says how to get it, and nothing else breaks."""
     from hub_export import cli
 
-    for name in [m for m in sys.modules if m.startswith("hub_export.localhub") or m.split(".")[0] == "fastapi"]:
+    for name in [m for m in sys.modules if m.startswith("hub_export.hub.localhub") or m.split(".")[0] == "fastapi"]:
         monkeypatch.delitem(sys.modules, name)
     monkeypatch.setitem(sys.modules, "fastapi", None)  # what an absent package looks like to import
     import typer

@@ -37,7 +37,7 @@ def test_a_stale_section_is_seen():
 
 
 def test_archs_cli_prints_the_same_table():
-    from hub_export.archs import markdown_table
+    from hub_export.tasks.archs import markdown_table
 
     result = subprocess.run(
         [sys.executable, "-m", "hub_export.cli", "archs", "--markdown"], capture_output=True, text=True, check=True

@@ -10,22 +10,28 @@ import pytest
 import torch
 from helpers import error_line, run_cli
 
-from hub_export.embeddings import Pooling, SentenceEmbedder, compare, eval_sentences, retrieval_agreement
 from hub_export.errors import InputError
 from hub_export.options import ExportOptions
-from hub_export.tasks import task_for
+from hub_export.tasks.registry import task_for
+from hub_export.tasks.sentence_embeddings.export import (
+    Pooling,
+    SentenceEmbedder,
+    compare,
+    eval_sentences,
+    retrieval_agreement,
+)
 
 
 @pytest.fixture(scope="session")
 def tiny_bert(tmp_path_factory) -> Path:
-    from hub_export.demo import build_tiny_encoder
+    from hub_export.models.tiny import build_tiny_encoder
 
     return build_tiny_encoder(tmp_path_factory.mktemp("encoders") / "tiny-bert")
 
 
 @pytest.fixture(scope="session")
 def exported_bert(tmp_path_factory, tiny_bert) -> Path:
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     out = tmp_path_factory.mktemp("exports") / "tiny-bert"
     export(str(tiny_bert), out, qmodes=["8da8w", "fp32"], qembedding="8w", jobs=1)
@@ -153,7 +159,7 @@ def test_an_encoder_exports_verified_with_its_figures_in_the_manifest(exported_b
 def test_the_pte_reproduces_the_eager_model_and_its_pooling(exported_bert, tiny_bert) -> None:
     from transformers import AutoModel
 
-    from hub_export import embed
+    from hub_export.tasks.sentence_embeddings import run as embed
 
     texts = ["A cat sat on the mat.", "The harbour was quiet that morning.", "Prices rose again."]
     eager_model = SentenceEmbedder(AutoModel.from_pretrained(tiny_bert).eval(), Pooling.of_folder(tiny_bert))
@@ -202,8 +208,8 @@ def test_the_wrong_file_for_the_verb_is_one_line(exported_bert, exported_multi, 
 def test_the_card_speaks_of_embeddings(exported_bert) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export.card import render_card
-    from hub_export.manifest import Manifest
+    from hub_export.hub.card import render_card
+    from hub_export.pipeline.manifest import Manifest
 
     card = ModelCard(render_card(Manifest.read(exported_bert), repo_id="alice/tiny-bert-et"))
     assert card.data.pipeline_tag == "feature-extraction"
@@ -217,9 +223,9 @@ def test_the_card_speaks_of_embeddings(exported_bert) -> None:
 def test_a_broken_embedding_file_fails_verification(exported_bert, tiny_bert, tmp_path) -> None:
     from transformers import AutoModel
 
-    from hub_export.encoders import build_reference, eager_outputs, verify_variant
-    from hub_export.quantize import QMODES
-    from hub_export.tasks import FEATURE_EXTRACTION
+    from hub_export.pipeline.quantize import QMODES
+    from hub_export.tasks.encoders import build_reference, eager_outputs, verify_variant
+    from hub_export.tasks.registry import FEATURE_EXTRACTION
 
     broken = tmp_path / "broken.pte"
     data = bytearray((exported_bert / "model-fp32-emb8w.pte").read_bytes())
@@ -240,7 +246,7 @@ MORE_FAMILIES = ["roberta", "xlm-roberta", "distilbert", "mpnet", "modernbert"]
 
 
 def test_every_encoder_family_is_exported_by_a_test() -> None:
-    from hub_export.archs import SUPPORTED_MODEL_TYPES
+    from hub_export.tasks.archs import SUPPORTED_MODEL_TYPES
 
     assert SUPPORTED_MODEL_TYPES["feature-extraction"] == {"bert", *MORE_FAMILIES}
 
@@ -248,8 +254,8 @@ def test_every_encoder_family_is_exported_by_a_test() -> None:
 @pytest.mark.extended
 @pytest.mark.parametrize("model_type", MORE_FAMILIES)
 def test_each_encoder_family_exports_verified(model_type, tmp_path) -> None:
-    from hub_export.demo import build_tiny_encoder
-    from hub_export.export import export
+    from hub_export.models.tiny import build_tiny_encoder
+    from hub_export.pipeline.export import export
 
     source = build_tiny_encoder(tmp_path / model_type, model_type, pooling="cls", normalize=False)
     manifest = export(str(source), tmp_path / "out", qmodes=["8da8w"], jobs=1)
@@ -261,7 +267,7 @@ def test_each_encoder_family_exports_verified(model_type, tmp_path) -> None:
 def test_an_embedding_repo_goes_through_push_ls_pull_and_embed(exported_bert, local_hub, tmp_path, capsys) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export import pull, push
+    from hub_export.hub import pull, push
 
     repo_id = "alice/tiny-bert-embeddings"
     hub = dict(token=local_hub.alice_token, endpoint=local_hub.endpoint)
@@ -280,7 +286,7 @@ def test_an_embedding_repo_goes_through_push_ls_pull_and_embed(exported_bert, lo
 
 
 def test_the_space_preview_of_an_embedding_repo_compares_the_lines(exported_bert, local_hub, tmp_path) -> None:
-    from hub_export import push
+    from hub_export.hub import push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-bert-preview"

@@ -9,7 +9,7 @@ from pathlib import Path
 import pytest
 from helpers import error_line, run_cli
 
-from hub_export.manifest import Manifest, sha256_file
+from hub_export.pipeline.manifest import Manifest, sha256_file
 
 # --- a two-variant export (8da4w with 8-bit embeddings, fp32) of a tied model -------------
 
@@ -64,7 +64,7 @@ def test_manifest_has_no_absolute_path(exported_multi):
 
 
 def test_runner_metadata_is_in_the_pte(exported_multi):
-    from hub_export.runtime import PteModel
+    from hub_export.runtime.pte import PteModel
 
     manifest = Manifest.read(exported_multi)
     variant = manifest.variant("8da4w")
@@ -82,7 +82,7 @@ def test_pte_prefills_in_parallel_and_matches_token_by_token(exported_multi, tin
     """Prefilling N tokens at once gives the same logits as feeding them one by one."""
     import torch
 
-    from hub_export.runtime import PteModel
+    from hub_export.runtime.pte import PteModel
 
     model = PteModel(exported_multi / "model-fp32-emb8w.pte")
     ids = torch.tensor([[5, 17, 99, 3, 250, 7]])
@@ -95,7 +95,7 @@ def test_pte_prefills_in_parallel_and_matches_token_by_token(exported_multi, tin
 @pytest.mark.extended
 def test_static_graph_is_not_marked_dynamic(tiny_model, tmp_path):
     """A cache of 2 leaves room for one-token prefill only: the graph is static, and says so."""
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     manifest = export(str(tiny_model), tmp_path / "out", qmodes=["fp32"], max_seq_len=2)
     variant = manifest.variants[0]
@@ -127,7 +127,7 @@ def test_progress_is_a_stream_of_counted_stages(exported_multi):
 def test_generate_streams_utf8_text_and_reports_speed(exported_multi):
     from tokenizers import Tokenizer
 
-    from hub_export.generate import generate, stream_generate
+    from hub_export.tasks.text_generation.run import generate, stream_generate
 
     pte = exported_multi / "model-8da4w-emb8w.pte"
     pieces: list[str] = []
@@ -152,7 +152,7 @@ def test_generate_cli_prints_text_and_tokens_per_second(exported_multi, capsys):
     )
     assert code == 0, err
     assert "prefill" in err and "decode" in err and "tok/s" in err
-    from hub_export.generate import generate
+    from hub_export.tasks.text_generation.run import generate
 
     expected = generate(exported_multi / "model-fp32-emb8w.pte", exported_multi, "Once upon a time", max_new_tokens=12)
     assert out == expected.text + "\n"  # the text itself, on stdout, and nothing else there
@@ -164,7 +164,7 @@ def test_generate_cli_prints_text_and_tokens_per_second(exported_multi, capsys):
 @pytest.fixture(scope="session")
 def untied_odd_model(tmp_path_factory) -> Path:
     """Untied embeddings and an MLP width (80) that group size 32 does not divide."""
-    from hub_export.demo import build_tiny_model, tiny_llama_config
+    from hub_export.models.tiny import build_tiny_model, tiny_llama_config
 
     config = tiny_llama_config(intermediate_size=80, tie_word_embeddings=False)
     return build_tiny_model(tmp_path_factory.mktemp("models") / "untied-odd", config=config, seed=1)
@@ -172,7 +172,7 @@ def untied_odd_model(tmp_path_factory) -> Path:
 
 @pytest.mark.extended
 def test_8da8w_and_grouped_fallback_with_4bit_embeddings(untied_odd_model, tmp_path, caplog):
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     with caplog.at_level("WARNING"):
         manifest = export(
@@ -190,7 +190,7 @@ def test_8da8w_and_grouped_fallback_with_4bit_embeddings(untied_odd_model, tmp_p
 @pytest.fixture(scope="session")
 def biased_model(tmp_path_factory) -> Path:
     """Biases on every projection (as in Qwen2's attention), tied embeddings."""
-    from hub_export.demo import build_tiny_model, tiny_llama_config
+    from hub_export.models.tiny import build_tiny_model, tiny_llama_config
 
     config = tiny_llama_config(attention_bias=True, mlp_bias=True)
     return build_tiny_model(tmp_path_factory.mktemp("models") / "biased", config=config, seed=2)
@@ -198,7 +198,7 @@ def biased_model(tmp_path_factory) -> Path:
 
 @pytest.mark.extended
 def test_weight_only_4w_and_8w_match_eager_and_shrink_the_file(biased_model, tmp_path):
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     manifest = export(str(biased_model), tmp_path / "out", qmodes=["4w", "8w", "fp32"], max_seq_len=48)
     by_mode = {v.qmode: v for v in manifest.variants}
@@ -229,8 +229,8 @@ def test_weight_only_4w_and_8w_match_eager_and_shrink_the_file(biased_model, tmp
 def test_shared_embeddings_store_the_tied_table_once(exported_shared, tiny_model, tmp_path):
     from transformers import AutoConfig
 
-    from hub_export.export import export
-    from hub_export.generate import generate
+    from hub_export.pipeline.export import export
+    from hub_export.tasks.text_generation.run import generate
 
     shared = Manifest.read(exported_shared).variants[0]
     assert shared.file == "model-8da8w-emb8w.pte" and shared.data_file == "model-8da8w-emb8w.ptd"
@@ -280,8 +280,8 @@ def test_share_embeddings_refuses_an_untied_model(untied_odd_model, tmp_path, ca
 
 
 def test_verification_fails_on_a_corrupted_pte(exported_multi, tiny_model, tmp_path):
-    from hub_export.build import load_model
-    from hub_export.verify import build_reference, expected_logits, verify
+    from hub_export.pipeline.build import load_model
+    from hub_export.pipeline.verify import build_reference, expected_logits, verify
 
     broken = tmp_path / "broken.pte"
     data = bytearray((exported_multi / "model-fp32-emb8w.pte").read_bytes())
@@ -297,10 +297,10 @@ def test_verification_fails_on_a_corrupted_pte(exported_multi, tiny_model, tmp_p
 
 
 def test_verification_tells_a_bug_in_hub_export_from_a_broken_file(exported_multi, tiny_model, tmp_path, monkeypatch):
-    import hub_export.verify as verify_module
-    from hub_export.build import load_model
+    import hub_export.pipeline.verify as verify_module
     from hub_export.errors import InternalError, VerificationError
-    from hub_export.verify import build_reference, expected_logits, verify
+    from hub_export.pipeline.build import load_model
+    from hub_export.pipeline.verify import build_reference, expected_logits, verify
 
     monkeypatch.setenv("HUB_EXPORT_LOG_DIR", str(tmp_path / "logs"))
     model = load_model(tiny_model, False)
@@ -334,7 +334,7 @@ def test_verification_tells_a_bug_in_hub_export_from_a_broken_file(exported_mult
 
 
 def test_failed_verification_fails_the_command_and_leaves_nothing(tiny_model, tmp_path, capsys, monkeypatch):
-    import hub_export.build as build_module  # the build stage calls the lowering through this name
+    import hub_export.pipeline.build as build_module  # the build stage calls the lowering through this name
 
     real_to_pte = build_module.to_pte
 
@@ -442,7 +442,7 @@ def hub_model(local_hub, tiny_model):
 
 
 def test_export_from_the_hub_records_repo_and_commit(local_hub, hub_model, tmp_path):
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     repo_id, commit = hub_model
     manifest = export(
@@ -516,8 +516,8 @@ def test_unreachable_endpoint(tmp_path, capsys):
 def test_inspect_shows_the_kv_cache_and_the_manifest_keeps_the_delegation(exported_multi, capsys) -> None:
     from helpers import run_cli
 
-    from hub_export.inspection import delegation_line
-    from hub_export.manifest import Manifest
+    from hub_export.pipeline.manifest import Manifest
+    from hub_export.runtime.inspection import delegation_line
 
     code, out, _ = run_cli(["inspect", str(exported_multi), "--variant", "8da4w"], capsys)
     assert code == 0 and "KV cache:" in out and "context 64 tokens" in out and "recorded at export: forward" in out

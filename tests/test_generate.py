@@ -8,7 +8,7 @@ import pytest
 import torch
 
 from hub_export.errors import InputError
-from hub_export.generate import Sampling, chat_prompt, chat_template
+from hub_export.tasks.text_generation.run import Sampling, chat_prompt, chat_template
 
 TEMPLATE = "{% for m in messages %}<{{ m['role'] }}>{{ m['content'] }}</s>{% endfor %}{% if add_generation_prompt %}<assistant>{% endif %}"
 
@@ -99,10 +99,10 @@ def test_bad_sampling_settings_are_one_line(settings, message):
 def test_ignore_eos_goes_on_to_max_new_tokens_and_threads_are_checked(tmp_path, capsys):
     from helpers import run_cli
 
-    from hub_export.demo import build_tiny_model, tiny_llama_config, train_tokenizer
     from hub_export.errors import InputError
-    from hub_export.export import export
-    from hub_export.generate import generate
+    from hub_export.models.tiny import build_tiny_model, tiny_llama_config, train_tokenizer
+    from hub_export.pipeline.export import export
+    from hub_export.tasks.text_generation.run import generate
 
     export(str(build_tiny_model(tmp_path / "a")), tmp_path / "a-out", qmodes=["fp32"], verify=False, jobs=1)
     eos = _first_token(tmp_path / "a-out", "Once upon a time")
@@ -123,6 +123,6 @@ def test_ignore_eos_goes_on_to_max_new_tokens_and_threads_are_checked(tmp_path, 
 
 
 def _first_token(folder, prompt: str) -> int:
-    from hub_export.generate import stream_generate
+    from hub_export.tasks.text_generation.run import stream_generate
 
     return next(iter(stream_generate(folder / "model-fp32.pte", folder, prompt, max_new_tokens=1, chat=False))).token

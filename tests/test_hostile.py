@@ -22,9 +22,9 @@ from helpers import error_line, run_cli
 from huggingface_hub import CommitOperationAdd
 
 from hub_export.errors import InputError, VerificationError
-from hub_export.localhub.pytest_plugin import LocalHubFixture
-from hub_export.manifest import MANIFEST_NAME, Manifest
-from hub_export.pull import pull
+from hub_export.hub.localhub.pytest_plugin import LocalHubFixture
+from hub_export.hub.pull import pull
+from hub_export.pipeline.manifest import MANIFEST_NAME, Manifest
 
 PTE_BYTES = b"\x3c\x00\x00\x00ET12eh00" + bytes(100)  # a stand-in: pull checks hashes, not content
 PTE_SHA256 = hashlib.sha256(PTE_BYTES).hexdigest()
@@ -357,7 +357,7 @@ def test_malformed_pte_files_fail_cleanly(seed_pte: Path, tiny_model: Path, tmp_
 def test_pte_header_check_accepts_what_executorch_writes(seed_pte: Path, tmp_path: Path) -> None:
     from executorch.exir._serialize._program import _get_extended_header
 
-    from hub_export.runtime import check_pte_header
+    from hub_export.runtime.pte import check_pte_header
 
     check_pte_header(seed_pte)  # no error
     data = seed_pte.read_bytes()
@@ -372,13 +372,13 @@ def test_pull_checks_paths_even_past_the_schema(
     local_hub: LocalHubFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
 ) -> None:
     # Defence in depth: were the schema check ever skipped, pull still touches nothing outside its folder.
-    import hub_export.manifest
+    import hub_export.pipeline.manifest
 
     victim = tmp_path / "victim.pte"
     victim.write_bytes(b"precious")
     repo_id = "alice/hostile-unchecked"
     _publish(local_hub, repo_id, _manifest(file=str(victim), sha256="0" * 64))
-    monkeypatch.setattr(hub_export.manifest, "check_manifest", lambda data, where=None: None)
+    monkeypatch.setattr(hub_export.pipeline.manifest, "check_manifest", lambda data, where=None: None)
     for out in (tmp_path / "out", None):
         with pytest.raises(InputError, match="refusing to touch"):
             pull(repo_id, output_dir=out, endpoint=local_hub.endpoint)

@@ -15,8 +15,8 @@ import transformers
 from helpers import error_line, run_cli
 from test_archs import COMMON, longrope_phi3_config
 
-from hub_export.demo import build_tiny_model
-from hub_export.kv_cache import plan_layers
+from hub_export.models.tiny import build_tiny_model
+from hub_export.tasks.text_generation.kv_cache import plan_layers
 
 WINDOW = 8
 SINK, SINK_WINDOW = 4, 12
@@ -37,7 +37,7 @@ def _eager(config):
 
 def _wrapped_rows(model, layout, ids: torch.Tensor, chunks: list[int]) -> list[tuple[int, torch.Tensor]]:
     """(position, logits) after each chunk, fed through the exportable wrapper in eager mode."""
-    from hub_export.wrap import ExportableDecoder
+    from hub_export.tasks.text_generation.export import ExportableDecoder
 
     wrapped = ExportableDecoder(model, layout.max_seq_len, layout)
     rows, position = [], 0
@@ -169,7 +169,7 @@ def test_attention_sink_is_refused_where_positions_cannot_wrap(tmp_path, capsys,
 
 @pytest.fixture(scope="module")
 def sink_export(llama_dir, tmp_path_factory) -> Path:
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     out = tmp_path_factory.mktemp("sink-out") / "out"
     export(str(llama_dir), out, qmodes=["fp32"], attention_sink=f"{SINK},{SINK_WINDOW}", quality_tokens=64)
@@ -177,7 +177,7 @@ def sink_export(llama_dir, tmp_path_factory) -> Path:
 
 
 def test_sink_file_matches_the_eager_reference_past_its_cache(sink_export, llama_dir):
-    from hub_export.runtime import PteModel
+    from hub_export.runtime.pte import PteModel
 
     model = transformers.AutoModelForCausalLM.from_pretrained(llama_dir, attn_implementation="eager").eval()
     ids = torch.randint(1, 512, (1, 60), generator=torch.Generator().manual_seed(3))
@@ -193,7 +193,7 @@ def test_sink_file_matches_the_eager_reference_past_its_cache(sink_export, llama
 
 
 def test_sink_file_generates_past_its_cache_in_both_runners(sink_export, capsys):
-    from hub_export.runtime import runner_generate
+    from hub_export.runtime.pte import runner_generate
 
     stats = runner_generate(sink_export / "model-fp32.pte", sink_export / "tokenizer.json", "Once upon a time", 40)
     assert stats["generated_tokens"] >= 39 > SINK + SINK_WINDOW
@@ -210,8 +210,8 @@ def test_sink_file_generates_past_its_cache_in_both_runners(sink_export, capsys)
 
 
 def test_manifest_and_card_state_the_cache_and_the_memory(sink_export):
-    from hub_export.card import render_card
-    from hub_export.manifest import Manifest
+    from hub_export.hub.card import render_card
+    from hub_export.pipeline.manifest import Manifest
 
     manifest = Manifest.read(sink_export)
     variant = manifest.variant("fp32")
@@ -230,7 +230,7 @@ def test_manifest_and_card_state_the_cache_and_the_memory(sink_export):
 
 @pytest.fixture(scope="module")
 def int8_export(tmp_path_factory) -> tuple[Path, Path]:
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     root = tmp_path_factory.mktemp("int8")
     model = build_tiny_model(root / "gemma3", config=gemma3_config())
@@ -239,7 +239,7 @@ def int8_export(tmp_path_factory) -> tuple[Path, Path]:
 
 
 def test_int8_cache_file_passes_verification_and_reports_its_cost(int8_export):
-    from hub_export.manifest import Manifest
+    from hub_export.pipeline.manifest import Manifest
 
     variant = Manifest.read(int8_export[1]).variant("fp32")
     check = variant.verification
@@ -251,7 +251,7 @@ def test_int8_cache_file_passes_verification_and_reports_its_cost(int8_export):
 
 
 def test_int8_cache_file_decodes_past_the_window_close_to_eager(int8_export):
-    from hub_export.runtime import PteModel
+    from hub_export.runtime.pte import PteModel
 
     model_dir, out = int8_export
     model = transformers.AutoModelForCausalLM.from_pretrained(model_dir, attn_implementation="eager").eval()
@@ -281,7 +281,7 @@ def test_int8_cache_file_decodes_past_the_window_close_to_eager(int8_export):
 ])  # fmt: skip
 def test_a_hostile_memory_record_is_a_one_line_error(sink_export, field, value, message):
     from hub_export.errors import InputError
-    from hub_export.manifest import Manifest
+    from hub_export.pipeline.manifest import Manifest
 
     data = json.loads((sink_export / "manifest.json").read_text())
     data["variants"][0][field] = value
@@ -292,7 +292,7 @@ def test_a_hostile_memory_record_is_a_one_line_error(sink_export, field, value, 
 
 def test_only_full_caches_are_traced_non_strict():
     """Ring, windowed and sink caches guard on ``min`` over the sequence length, which only TorchDynamo's tracing can prove."""
-    from hub_export.wrap import needs_strict_tracing
+    from hub_export.tasks.text_generation.export import needs_strict_tracing
 
     config = gemma3_config()
     assert needs_strict_tracing(plan_layers(config, 64))  # a ring layer

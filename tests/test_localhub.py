@@ -1,6 +1,6 @@
 """The local hub, driven through the real ``huggingface_hub`` client.
 
-Needs the ``local_hub`` fixture from ``hub_export.localhub.pytest_plugin``.
+Needs the ``local_hub`` fixture from ``hub_export.hub.localhub.pytest_plugin``.
 """
 
 from __future__ import annotations
@@ -19,9 +19,9 @@ from huggingface_hub import CommitOperationAdd, HfApi, hf_hub_download, snapshot
 from huggingface_hub.errors import HfHubHTTPError, RepositoryNotFoundError
 from typer.testing import CliRunner
 
-from hub_export.localhub import LocalHubStore, add_user, serve_in_thread
-from hub_export.localhub.cli import app as hub_cli
-from hub_export.localhub.pytest_plugin import LocalHubFixture
+from hub_export.hub.localhub import LocalHubStore, add_user, serve_in_thread
+from hub_export.hub.localhub.cli import app as hub_cli
+from hub_export.hub.localhub.pytest_plugin import LocalHubFixture
 
 README = """---
 license: apache-2.0
@@ -362,7 +362,7 @@ def test_xet_routes_explain_how_to_disable_xet(local_hub: LocalHubFixture) -> No
 def test_request_log_never_contains_tokens(
     local_hub: LocalHubFixture, repo_id: str, caplog: pytest.LogCaptureFixture
 ) -> None:
-    caplog.set_level(logging.INFO, logger="hub_export.localhub")
+    caplog.set_level(logging.INFO, logger="hub_export.hub.localhub")
     api = local_hub.api(local_hub.alice_token)
     api.create_repo(repo_id)
     api.upload_file(path_or_fileobj=os.urandom(2000) + b"\0", path_in_repo="w.bin", repo_id=repo_id)

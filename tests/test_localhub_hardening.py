@@ -27,10 +27,10 @@ import pytest
 from typer.testing import CliRunner
 
 from hub_export.errors import InputError
-from hub_export.localhub import LocalHubStore, serve_in_thread
-from hub_export.localhub.cli import app as hub_cli
-from hub_export.localhub.objects import Entry
-from hub_export.localhub.store import AddFile
+from hub_export.hub.localhub import LocalHubStore, serve_in_thread
+from hub_export.hub.localhub.cli import app as hub_cli
+from hub_export.hub.localhub.objects import Entry
+from hub_export.hub.localhub.store import AddFile
 
 MAX_BODY_MB = 1
 MIB = 1024 * 1024
@@ -149,7 +149,7 @@ def test_validate_yaml_refuses_bombs_quickly(hub: Hub, yaml_text: str) -> None:
 
 def test_yaml_is_parsed_off_the_event_loop(hub: Hub, monkeypatch: pytest.MonkeyPatch) -> None:
     """A slow parse (stood in for by a sleep) must not hold up other requests."""
-    import hub_export.localhub.server as server
+    import hub_export.hub.localhub.server as server
 
     monkeypatch.setattr(server, "parse_front_matter", lambda text: time.sleep(2))
     slow = threading.Thread(target=_validate, args=(hub, "---\na: 1\n---\n"))
@@ -549,7 +549,7 @@ def hub_process(tmp_path: Path) -> Iterator[tuple[str, int, str]]:
     """``hub serve`` in its own process (so its memory can be measured): endpoint, pid, alice's token."""
     token = LocalHubStore(tmp_path).add_user("alice", org="acme")
     serve = ["serve", "--root", str(tmp_path), "--port", "0", "--max-body-mb", str(MAX_BODY_MB)]
-    command = [sys.executable, "-m", "hub_export.localhub", *serve]
+    command = [sys.executable, "-m", "hub_export.hub.localhub", *serve]
     proc = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.DEVNULL, text=True)
     try:
         line = proc.stdout.readline()

@@ -51,9 +51,9 @@ def test_compact_viewers_are_installed_only_while_lowering():
 
 
 def _lowered_bytes(model_dir, tmp_path, name: str, qmode: str = "8da4w", shared: bool = False) -> bytes:
-    from hub_export import lower, quantize
-    from hub_export.build import load_model
-    from hub_export.wrap import ExportableDecoder, export_program
+    from hub_export.pipeline import lower, quantize
+    from hub_export.pipeline.build import load_model
+    from hub_export.tasks.text_generation.export import ExportableDecoder, export_program
 
     model = load_model(model_dir, trust_remote_code=False)
     quantize.quantize_model(model, qmode, "8w", 32)
@@ -74,7 +74,7 @@ def test_skipping_idle_xnnpack_passes_leaves_the_pte_unchanged(tiny_model, tmp_p
     """The passes skipped on a decoder would only have re-traced it: same bytes with and without skipping."""
     import contextlib
 
-    from hub_export import lower
+    from hub_export.pipeline import lower
 
     skipped = _lowered_bytes(tiny_model, tmp_path, "skipped.pte")
     monkeypatch.setattr(lower, "skipping_idle_xnnpack_passes", contextlib.nullcontext)
@@ -93,7 +93,7 @@ def test_skipped_traces_leave_the_pte_unchanged(tiny_model, tmp_path, monkeypatc
     """
     import contextlib
 
-    from hub_export import lower
+    from hub_export.pipeline import lower
 
     fast = _lowered_bytes(tiny_model, tmp_path, "fast.pte", qmode, shared)
     monkeypatch.setattr(lower, "decomposing_once", lambda program, partitioner: contextlib.nullcontext())
@@ -127,8 +127,8 @@ class _DoubleHardswish(nn.Module):
 
 
 def test_decomposing_once_yields_a_program_that_needs_no_more_tracing():
-    from hub_export.lower import partitioner
     from hub_export.patches import decomposing_once
+    from hub_export.pipeline.lower import partitioner
 
     program = torch.export.export(_Linear(), (torch.randn(2, 8),))
     xnnpack = partitioner()
@@ -142,8 +142,8 @@ def test_decomposing_once_yields_a_program_that_needs_no_more_tracing():
 
 def test_decomposing_once_gives_way_when_the_partitioner_refuses_a_kept_node(tmp_path):
     """A hardswish XNNPACK cannot take must be decomposed the stock way; the program still lowers."""
-    from hub_export import lower
     from hub_export.patches import decomposing_once
+    from hub_export.pipeline import lower
 
     program = torch.export.export(_DoubleHardswish(), (torch.randn(2, 8),))
     with decomposing_once(program, lower.partitioner()) as decomposed:
@@ -206,8 +206,8 @@ def test_passes_run_when_their_ops_are_present(monkeypatch):
     from executorch.backends.xnnpack._passes.fuse_activation_pass import FuseActivationPass
     from executorch.exir import to_edge_transform_and_lower
 
-    from hub_export.lower import partitioner
     from hub_export.patches import skipping_idle_xnnpack_passes
+    from hub_export.pipeline.lower import partitioner
 
     ran = []
     for pass_type in (FuseActivationPass, DecomposeConcatenate):

@@ -206,7 +206,7 @@ def test_the_scan_finds_a_module_reaching_into_anothers_private_names() -> None:
 from . import quantize
 from .errors import InputError
 from .quantize import _granularity, QMODES
-from hub_export import calibrate as measure
+from hub_export.pipeline import calibrate as measure
 config = quantize._dynamic_act(4)(quantize.DEFAULT_GROUP_SIZE)
 rows = measure._layer_rows
 fine = quantize.dynamic_activation_config(4, 32), self._own
@@ -214,7 +214,7 @@ fine = quantize.dynamic_activation_config(4, 32), self._own
     assert sibling_private_uses(source) == [
         (4, ".quantize._granularity"),
         (6, ".quantize._dynamic_act"),
-        (7, "hub_export.calibrate._layer_rows"),
+        (7, "hub_export.pipeline.calibrate._layer_rows"),
     ]
 
 

@@ -23,13 +23,13 @@ from huggingface_hub.errors import RepositoryNotFoundError
 from typer.testing import CliRunner
 
 from hub_export.cli import app
-from hub_export.demo import build_tiny_model
 from hub_export.errors import HubError, InputError, VerificationError
-from hub_export.hub import hub_errors
-from hub_export.localhub.pytest_plugin import LocalHubFixture
-from hub_export.manifest import Manifest, Verification, sha256_file
-from hub_export.pull import list_variants, pull
-from hub_export.push import PushResult, push
+from hub_export.hub.api import hub_errors
+from hub_export.hub.localhub.pytest_plugin import LocalHubFixture
+from hub_export.hub.pull import list_variants, pull
+from hub_export.hub.push import PushResult, push
+from hub_export.models.tiny import build_tiny_model
+from hub_export.pipeline.manifest import Manifest, Verification, sha256_file
 
 HUB_EXPORT = Path(sys.executable).parent / "hub-export"
 EXPORTED_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}
@@ -47,7 +47,7 @@ def source_model(tmp_path_factory: pytest.TempPathFactory) -> Path:
 @pytest.fixture(scope="session")
 def export_8da4w(tmp_path_factory: pytest.TempPathFactory, source_model: Path) -> Path:
     """``source_model`` exported once: one 8da4w variant, 64-token context."""
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     out = tmp_path_factory.mktemp("publish-exports") / "tiny-8da4w"
     export(str(source_model), out, qmodes=["8da4w"], max_seq_len=64)
@@ -105,7 +105,7 @@ def _run_card_snippet(repo_id: str) -> str:
     with contextlib.redirect_stdout(printed):
         exec(compile(snippet, "model-card-snippet", "exec"), names)
     prompt_ids = names["tokenizer"].encode(names["prompt"], add_special_tokens=False).ids
-    from hub_export.generate import stream_generate
+    from hub_export.tasks.text_generation.run import stream_generate
 
     room = int(re.search(r"range\(min\(32, (\d+) - len\(ids\)\)\)", snippet).group(1)) - len(prompt_ids)
     library = [

@@ -10,7 +10,7 @@ from hub_export.options import ExportOptions
 
 @pytest.fixture(scope="module")
 def fp32_model(tiny_model):
-    from hub_export.build import load_model
+    from hub_export.pipeline.build import load_model
 
     return load_model(tiny_model, False)
 
@@ -19,7 +19,7 @@ def test_hqq_scales_round_weights_closer_than_minmax(fp32_model):
     """The option reaches torchao: HQQ searches scales that lower the weights' rounding error, same int4 format."""
     import torch
 
-    from hub_export.calibrate import _rounded_weight
+    from hub_export.pipeline.calibrate import _rounded_weight
 
     linear = fp32_model.model.layers[0].mlp.down_proj
     weight = linear.weight.detach()
@@ -31,7 +31,7 @@ def test_hqq_scales_round_weights_closer_than_minmax(fp32_model):
 
 
 def test_the_plan_spends_the_budget_on_the_most_damage_per_byte(fp32_model, tiny_model):
-    from hub_export.calibrate import plan_mixed
+    from hub_export.pipeline.calibrate import plan_mixed
 
     tokenizer = tiny_model / "tokenizer.json"
     nothing = plan_mixed(fp32_model, tokenizer, ExportOptions(qmodes=("mixed",), max_size_ratio=1.0), tokens=48)
@@ -49,7 +49,7 @@ def test_the_plan_spends_the_budget_on_the_most_damage_per_byte(fp32_model, tiny
 def test_calibration_leaves_the_model_as_it_was(fp32_model, tiny_model):
     import torch
 
-    from hub_export.calibrate import plan_mixed
+    from hub_export.pipeline.calibrate import plan_mixed
 
     before = {name: tensor.clone() for name, tensor in fp32_model.state_dict().items()}
     tied = fp32_model.lm_head.weight is fp32_model.model.embed_tokens.weight
@@ -60,9 +60,9 @@ def test_calibration_leaves_the_model_as_it_was(fp32_model, tiny_model):
 
 
 def test_a_mixed_variant_exports_verifies_and_says_what_it_kept(exported_multi, tiny_model, tmp_path):
-    from hub_export.card import render_card
-    from hub_export.export import export
-    from hub_export.manifest import Manifest
+    from hub_export.hub.card import render_card
+    from hub_export.pipeline.export import export
+    from hub_export.pipeline.manifest import Manifest
 
     manifest = export(
         str(tiny_model), tmp_path / "out", qmodes=["mixed"], qembedding="8w", max_seq_len=64, max_size_ratio=1.2
@@ -110,8 +110,8 @@ def test_recipe_options_that_cannot_work_are_refused(options, message):
 
 
 def test_the_card_plots_size_against_quality_for_three_variants():
-    from hub_export.card import FRONTIER_PLOT, frontier_png, render_card
-    from hub_export.manifest import Manifest, Quality, Variant, Verification
+    from hub_export.hub.card import FRONTIER_PLOT, frontier_png, render_card
+    from hub_export.pipeline.manifest import Manifest, Quality, Variant, Verification
 
     def variant(qmode: str, size: int, ratio: float) -> Variant:
         quality = Quality(text="eval_en.txt", tokens=2048, perplexity=20 * ratio, fp32_perplexity=20.0, ratio=ratio)
@@ -158,7 +158,7 @@ def test_the_calibration_and_both_evaluation_texts_share_no_passage() -> None:
 def test_the_users_calibration_text_drives_the_plan_and_only_its_digest_is_kept(fp32_model, tiny_model, tmp_path):
     import hashlib
 
-    from hub_export.calibrate import plan_mixed
+    from hub_export.pipeline.calibrate import plan_mixed
 
     domain = tmp_path / "domain.txt"
     # Code, not prose: another text measures other sensitivities.
@@ -206,7 +206,7 @@ def test_gptq_keeps_a_layer_output_closer_than_rounding_each_weight():
     below nearest rounding with the very same scales (same grid, same bytes)."""
     import torch
 
-    from hub_export.gptq import round_weight
+    from hub_export.pipeline.gptq import round_weight
 
     torch.manual_seed(0)
     inputs = torch.randn(2048, 128) @ (0.3 * torch.randn(128, 128) + torch.eye(128))
@@ -231,8 +231,8 @@ def test_a_gptq_variant_stores_exactly_the_calibrated_codes(fp32_model, tiny_mod
 
     import torch
 
-    from hub_export.calibrate import round_int4
-    from hub_export.quantize import quantize_model
+    from hub_export.pipeline.calibrate import round_int4
+    from hub_export.pipeline.quantize import quantize_model
 
     before = {name: tensor.clone() for name, tensor in fp32_model.state_dict().items()}
     options = ExportOptions(qmodes=("8da4w",))

@@ -18,10 +18,10 @@ from pathlib import Path
 import pytest
 
 from benchmarks.ray_nodes import LocalRay
-from hub_export.demo import build_tiny_model
-from hub_export.localhub.pytest_plugin import LocalHubFixture
-from hub_export.manifest import Manifest, sha256_file
-from hub_export.pull import list_variants
+from hub_export.hub.localhub.pytest_plugin import LocalHubFixture
+from hub_export.hub.pull import list_variants
+from hub_export.models.tiny import build_tiny_model
+from hub_export.pipeline.manifest import Manifest, sha256_file
 
 pytestmark = pytest.mark.cluster  # make test-cluster (CI runs it): a real two-node cluster, about 5 minutes
 
@@ -188,7 +188,7 @@ def test_a_node_without_the_prepared_folder_downloads_the_same_revision_through_
     local_hub: LocalHubFixture, tiny_model: Path, tmp_path
 ):
     from hub_export.options import ExportOptions
-    from hub_export.prepare import SourceRequest, resolve_source, source_on_this_node
+    from hub_export.pipeline.prepare import SourceRequest, resolve_source, source_on_this_node
 
     api = local_hub.api(local_hub.alice_token)
     api.create_repo("alice/tiny-ray-source")
@@ -262,9 +262,9 @@ def test_the_space_hands_its_export_to_the_cluster_and_still_streams_its_log(
 def test_an_encoder_task_exports_on_the_cluster_as_on_this_machine(ray_cluster, tmp_path, builder, task, figure):
     """Sentence embeddings, speech, text-to-text and vision-language variants (their references travel to the
     cluster's tasks)."""
-    from hub_export import demo
-    from hub_export.export import export
-    from hub_export.manifest import Manifest
+    from hub_export.models import tiny as demo
+    from hub_export.pipeline.export import export
+    from hub_export.pipeline.manifest import Manifest
 
     source = getattr(demo, builder)(tmp_path / "tiny")
     local = export(str(source), tmp_path / "local", qmodes=["8da8w"], jobs=1)

@@ -13,14 +13,14 @@ pytestmark = pytest.mark.real
 
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):
-    from hub_export.demo import packaged_minilm
+    from hub_export.models.tiny import packaged_minilm
 
     return packaged_minilm(tmp_path_factory.mktemp("minilm"))
 
 
 @pytest.fixture(scope="module")
 def exported_minilm(minilm, tmp_path_factory):
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     out = tmp_path_factory.mktemp("exports") / "minilm"
     export(str(minilm), out, qmodes=["fp32", "8da8w", "8da4w"], qembedding="8w", jobs=1)
@@ -35,8 +35,8 @@ def _sentence_transformers_vectors(folder, sentences) -> torch.Tensor:
 
 
 def test_the_files_embed_as_sentence_transformers_does(minilm, exported_minilm) -> None:
-    from hub_export import embed
-    from hub_export.embeddings import eval_sentences
+    from hub_export.tasks.sentence_embeddings import run as embed
+    from hub_export.tasks.sentence_embeddings.export import eval_sentences
 
     sentences = eval_sentences()
     reference = _sentence_transformers_vectors(minilm, sentences)

@@ -8,9 +8,9 @@ import sys
 
 import pytest
 
-from hub_export.runtime import runner_generate
+from hub_export.runtime.pte import runner_generate
 
-PROBE = "import os, sys; from hub_export.process_env import prepare_pte_process; print(prepare_pte_process(), os.environ.get('MKL_NUM_THREADS'))"
+PROBE = "import os, sys; from hub_export.runtime.process_env import prepare_pte_process; print(prepare_pte_process(), os.environ.get('MKL_NUM_THREADS'))"
 
 
 def _fresh(code: str, **env: str) -> str:

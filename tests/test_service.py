@@ -10,9 +10,8 @@ from pathlib import Path
 import pytest
 
 from hub_export.errors import InputError, opt
-from hub_export.generate import Sampling
 from hub_export.options import KV_DTYPES, ExportOptions, form_fields, form_kind
-from hub_export.quantize import QEMBEDDINGS, QMODES
+from hub_export.pipeline.quantize import QEMBEDDINGS, QMODES
 from hub_export.redact import Redactor
 from hub_export.service import (
     TABLE_HEADERS,
@@ -27,7 +26,8 @@ from hub_export.service import (
     source_id,
     variant_rows,
 )
-from hub_export.tasks import TASKS
+from hub_export.tasks.registry import TASKS
+from hub_export.tasks.text_generation.run import Sampling
 
 HUB = "https://hub.example"
 
@@ -193,7 +193,7 @@ def test_an_abandoned_job_keeps_its_slot_and_cleans_up(tmp_path: Path) -> None:
 
 
 def test_variants_table_shows_quality_and_verification() -> None:
-    from hub_export.manifest import Manifest, Variant, Verification
+    from hub_export.pipeline.manifest import Manifest, Variant, Verification
 
     def variant(qmode: str, verification: dict) -> Variant:
         return Variant(

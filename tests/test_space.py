@@ -22,14 +22,14 @@ import pytest
 from benchmarks.ray_nodes import free_port
 from hub_export import service
 from hub_export.errors import HubError, HubExportError, InputError
-from hub_export.generate import Sampling
-from hub_export.manifest import Manifest
 from hub_export.options import ExportOptions, form_fields
+from hub_export.pipeline.manifest import Manifest
+from hub_export.tasks.text_generation.run import Sampling
 
 gradio_client = pytest.importorskip("gradio_client")
 from gradio_client.exceptions import AppError  # noqa: E402
 
-from hub_export.localhub.pytest_plugin import LocalHubFixture  # noqa: E402
+from hub_export.hub.localhub.pytest_plugin import LocalHubFixture  # noqa: E402
 
 ROOT = Path(__file__).resolve().parent.parent
 CHROMIUM = Path("/usr/bin/chromium")
@@ -205,7 +205,8 @@ def test_preview_streams_text_with_speed(client, exported: Exported, local_hub: 
     assert "chat template: used" in stats, stats
     # What the preview shows is what the file generates: the library's greedy answer from the same repo, word for
     # word (random weights may well answer with blank lines, so compare rather than look for words).
-    from hub_export import generate, pull
+    from hub_export.hub import pull
+    from hub_export.tasks.text_generation import run as generate
 
     folder = pull(REPO, variant="8da4w", endpoint=local_hub.endpoint, token=local_hub.alice_token)
     expected = generate(folder / "model-8da4w.pte", folder, "What is the capital of France?", max_new_tokens=24)
@@ -382,8 +383,8 @@ def test_library_messages_are_worded_for_the_form(local_hub, tmp_path) -> None:
     import importlib
 
     push_module = importlib.import_module("hub_export.push")  # hub_export.push is the function
-    from hub_export.export import export
-    from hub_export.generate import Sampling
+    from hub_export.pipeline.export import export
+    from hub_export.tasks.text_generation.run import Sampling
 
     failures = []
     with pytest.raises(InputError) as other_source:

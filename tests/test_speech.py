@@ -15,14 +15,14 @@ from hub_export.errors import InputError
 
 @pytest.fixture(scope="session")
 def tiny_whisper(tmp_path_factory) -> Path:
-    from hub_export.demo import build_tiny_whisper
+    from hub_export.models.tiny import build_tiny_whisper
 
     return build_tiny_whisper(tmp_path_factory.mktemp("speech") / "tiny-whisper")
 
 
 @pytest.fixture(scope="session")
 def exported_whisper(tmp_path_factory, tiny_whisper) -> Path:
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     out = tmp_path_factory.mktemp("exports") / "tiny-whisper"
     export(str(tiny_whisper), out, qmodes=["fp32", "8da8w"], qembedding="8w", jobs=1)
@@ -36,7 +36,7 @@ def spoken(tmp_path_factory) -> Path:
     import soundfile
     from scipy.signal import resample_poly
 
-    from hub_export.speech import eval_clips
+    from hub_export.tasks.speech.export import eval_clips
 
     clip = eval_clips()[1]
     stereo = np.stack([resample_poly(clip.waveform.numpy(), 441, 160)] * 2, axis=1)
@@ -46,8 +46,8 @@ def spoken(tmp_path_factory) -> Path:
 
 
 def test_a_whisper_file_has_the_methods_its_consumers_call(exported_whisper) -> None:
-    from hub_export.manifest import Manifest
-    from hub_export.runtime import PteModel
+    from hub_export.pipeline.manifest import Manifest
+    from hub_export.runtime.pte import PteModel
 
     manifest = Manifest.read(exported_whisper)
     assert manifest.source["task"] == "automatic-speech-recognition"
@@ -67,8 +67,8 @@ def test_a_whisper_file_has_the_methods_its_consumers_call(exported_whisper) -> 
 def test_the_file_transcribes_as_the_eager_model_does(exported_whisper, tiny_whisper, spoken) -> None:
     from transformers import WhisperForConditionalGeneration
 
-    from hub_export import transcribe
-    from hub_export.speech import generation_settings, greedy_tokens, prompt_ids, read_audio, wrap
+    from hub_export.tasks.speech import run as transcribe
+    from hub_export.tasks.speech.export import generation_settings, greedy_tokens, prompt_ids, read_audio, wrap
 
     result = transcribe(exported_whisper / "model-fp32-emb8w.pte", exported_whisper, spoken)
     model = WhisperForConditionalGeneration.from_pretrained(tiny_whisper).eval()
@@ -93,7 +93,7 @@ def test_the_cached_decoder_matches_transformers_whisper(tiny_whisper) -> None:
     transformers' WhisperForConditionalGeneration computes, token by token."""
     from transformers import WhisperForConditionalGeneration
 
-    from hub_export.speech import wrap
+    from hub_export.tasks.speech.export import wrap
 
     model = WhisperForConditionalGeneration.from_pretrained(tiny_whisper).eval()
     wrapped = wrap(model, tiny_whisper, 64).eval()
@@ -111,9 +111,9 @@ def test_the_cached_decoder_matches_transformers_whisper(tiny_whisper) -> None:
 def test_verification_fails_a_file_of_another_model(exported_whisper, tiny_whisper, tmp_path) -> None:
     from transformers import WhisperForConditionalGeneration
 
-    from hub_export.demo import build_tiny_whisper
-    from hub_export.quantize import QMODES
-    from hub_export.speech import expected, reference, verify_variant, wrap
+    from hub_export.models.tiny import build_tiny_whisper
+    from hub_export.pipeline.quantize import QMODES
+    from hub_export.tasks.speech.export import expected, reference, verify_variant, wrap
 
     other = build_tiny_whisper(tmp_path / "other", seed=1)
     model = WhisperForConditionalGeneration.from_pretrained(other).eval()
@@ -137,8 +137,8 @@ def test_transcribe_cli_and_its_refusals(exported_whisper, spoken, tmp_path, cap
 def test_the_speech_card(exported_whisper) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export.card import render_card
-    from hub_export.manifest import Manifest
+    from hub_export.hub.card import render_card
+    from hub_export.pipeline.manifest import Manifest
 
     card = ModelCard(render_card(Manifest.read(exported_whisper), repo_id="alice/tiny-whisper"))
     assert card.data.pipeline_tag == "automatic-speech-recognition"
@@ -149,8 +149,8 @@ def test_the_speech_card(exported_whisper) -> None:
 
 
 def test_qmode_encoder_applies_to_speech_only(tiny_whisper, tmp_path) -> None:
-    from hub_export.demo import build_tiny_masked_lm
-    from hub_export.export import export
+    from hub_export.models.tiny import build_tiny_masked_lm
+    from hub_export.pipeline.export import export
 
     with pytest.raises(InputError, match="--qmode-encoder applies to models with an encoder"):
         export(str(build_tiny_masked_lm(tmp_path / "mlm")), tmp_path / "out", qmode_encoder="8da8w")
@@ -164,9 +164,9 @@ def test_the_real_whisper_exports_verified_and_transcribes_as_transformers_does(
     transcription loop the file runs gives transformers' own ``generate`` transcript on the fp32 model."""
     from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizerFast
 
-    from hub_export.demo import packaged_whisper
-    from hub_export.export import export
-    from hub_export.speech import SAMPLE_RATE, eval_clips, reference
+    from hub_export.models.tiny import packaged_whisper
+    from hub_export.pipeline.export import export
+    from hub_export.tasks.speech.export import SAMPLE_RATE, eval_clips, reference
 
     source = packaged_whisper()
     out = tmp_path_factory.mktemp("real-whisper") / "out"
@@ -200,7 +200,7 @@ def test_a_speech_repo_goes_through_push_ls_transcribe_and_the_preview(
 ) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export import push
+    from hub_export.hub import push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-whisper"
@@ -225,7 +225,7 @@ def test_a_speech_repo_goes_through_push_ls_transcribe_and_the_preview(
 
 
 def test_timestamp_tokens_become_timed_segments() -> None:
-    from hub_export.speech import Segment, segments
+    from hub_export.tasks.speech.export import Segment, segments
 
     settings = {"no_timestamps_token_id": 100}
     at = lambda seconds: 101 + round(seconds / 0.02)  # noqa: E731
@@ -241,7 +241,7 @@ def test_timestamp_tokens_become_timed_segments() -> None:
 def test_inspect_shows_methods_partitions_and_what_runs_outside_xnnpack(exported_whisper, tmp_path, capsys) -> None:
     import json
 
-    from hub_export.inspection import inspect_pte
+    from hub_export.runtime.inspection import inspect_pte
 
     summary = inspect_pte(exported_whisper / "model-8da8w-emb8w.pte")
     methods = {method.name: method for method in summary.methods}
@@ -267,7 +267,7 @@ def test_inspect_shows_methods_partitions_and_what_runs_outside_xnnpack(exported
 
 
 def test_layer_norms_in_the_delegable_shape_compute_the_same() -> None:
-    from hub_export.speech import delegable_layer_norms
+    from hub_export.tasks.speech.export import delegable_layer_norms
 
     norm = torch.nn.LayerNorm(48, eps=1e-5)
     torch.nn.init.normal_(norm.weight)
@@ -281,7 +281,7 @@ def test_layer_norms_in_the_delegable_shape_compute_the_same() -> None:
 
 
 def test_multilingual_prompts_name_language_and_task() -> None:
-    from hub_export.speech import prompt_ids
+    from hub_export.tasks.speech.export import prompt_ids
 
     settings = {
         "decoder_start_token_id": 50258, "eos_token_id": 50257, "no_timestamps_token_id": 50363,
@@ -299,7 +299,7 @@ def test_multilingual_prompts_name_language_and_task() -> None:
 def test_audio_files_of_each_format_read_as_16_khz_mono(spoken, tmp_path, suffix) -> None:
     import soundfile
 
-    from hub_export.speech import read_audio
+    from hub_export.tasks.speech.export import read_audio
 
     audio, rate = soundfile.read(spoken, dtype="float32")
     other = tmp_path / f"speech.{suffix}"

@@ -10,11 +10,11 @@ from pathlib import Path
 import pytest
 import torch
 
-from hub_export.build import load_model
-from hub_export.demo import build_tiny_model
 from hub_export.errors import SourceError
-from hub_export.layerwise import LayerwiseModel
+from hub_export.models.tiny import build_tiny_model
 from hub_export.options import ExportOptions
+from hub_export.pipeline.build import load_model
+from hub_export.pipeline.layerwise import LayerwiseModel
 from tests.test_archs import CONFIGS
 
 
@@ -31,7 +31,7 @@ def family_folder(tmp_path_factory):
 
 
 def _logits(model, window, eager: bool):
-    from hub_export.wrap import eager_attention
+    from hub_export.tasks.text_generation.export import eager_attention
 
     with torch.no_grad():
         if eager:
@@ -57,7 +57,7 @@ def test_logits_read_layer_by_layer_equal_the_whole_model(family_folder, model_t
 
 
 def test_gptq_layer_by_layer_gives_the_whole_models_codes(tiny_model):
-    from hub_export.calibrate import round_int4, round_int4_layerwise
+    from hub_export.pipeline.calibrate import round_int4, round_int4_layerwise
 
     options = ExportOptions(qmodes=("8da4w",))
     whole = round_int4(load_model(tiny_model, False), tiny_model / "tokenizer.json", options, max_seq_len=64)
@@ -73,9 +73,9 @@ def test_gptq_layer_by_layer_gives_the_whole_models_codes(tiny_model):
 
 
 def test_the_reference_read_layer_by_layer_equals_the_whole_models(tiny_model):
-    from hub_export.source import Source
-    from hub_export.streaming import prepare_streamed
-    from hub_export.verify import build_reference
+    from hub_export.pipeline.source import Source
+    from hub_export.pipeline.streaming import prepare_streamed
+    from hub_export.pipeline.verify import build_reference
 
     options = ExportOptions(qmodes=("8da4w",), quality_tokens=300)
     whole = build_reference(load_model(tiny_model, False), tiny_model / "tokenizer.json", 64, 300, None)
@@ -93,11 +93,11 @@ def test_the_reference_read_layer_by_layer_equals_the_whole_models(tiny_model):
 def test_a_variant_quantized_layer_by_layer_equals_the_whole_model_quantized(tiny_model, share, monkeypatch):
     """The same quantized weights as quantizing the whole model, with never more than one fp32 decoder layer
     loaded: when a layer is read, every other one is still on the meta device or already quantized."""
-    from hub_export import layerwise as layerwise_module
-    from hub_export.calibrate import round_int4
-    from hub_export.quantize import quantize_model
-    from hub_export.source import Source
-    from hub_export.streaming import quantized_model
+    from hub_export.pipeline import layerwise as layerwise_module
+    from hub_export.pipeline.calibrate import round_int4
+    from hub_export.pipeline.quantize import quantize_model
+    from hub_export.pipeline.source import Source
+    from hub_export.pipeline.streaming import quantized_model
 
     options = ExportOptions(qmodes=("8da4w",), qembedding="8w", share_embeddings=share)
     rounding = round_int4(load_model(tiny_model, False), tiny_model / "tokenizer.json", options, max_seq_len=64)
@@ -152,9 +152,9 @@ def test_a_checkpoint_that_cannot_be_read_layer_by_layer_is_refused_in_one_line(
 
 
 def test_an_export_that_cannot_fit_is_refused_before_any_work_with_the_estimate(tiny_model, tmp_path, monkeypatch):
-    from hub_export import prepare
     from hub_export.errors import InputError
-    from hub_export.export import export
+    from hub_export.pipeline import prepare
+    from hub_export.pipeline.export import export
 
     monkeypatch.setattr(prepare, "available_memory", lambda: 1 << 30)
     loaded = []
@@ -170,7 +170,7 @@ def test_an_export_that_cannot_fit_is_refused_before_any_work_with_the_estimate(
 
 def test_the_estimate_follows_the_real_shapes_and_the_measured_peaks():
     from benchmarks.models import qwen3_4b_config, smollm2_1_7b_config
-    from hub_export.memory_budget import GIB, fp32_weight_bytes, run_peak
+    from hub_export.pipeline.memory_budget import GIB, fp32_weight_bytes, run_peak
 
     qwen = fp32_weight_bytes(qwen3_4b_config().to_dict())
     smol = fp32_weight_bytes(smollm2_1_7b_config().to_dict())
@@ -203,8 +203,8 @@ def test_the_gptq_codes_wait_on_disk_while_workers_lower_the_files(tiny_model, t
     """GPTQ's codes (0.6 bytes a weight) must not sit in the parent while a worker quantizes and lowers: they wait
     in a file beside the staging folder, which is gone afterwards; the manifest still says how many linears GPTQ
     rounded."""
-    from hub_export import engines
-    from hub_export.export import export
+    from hub_export.pipeline import engines
+    from hub_export.pipeline.export import export
 
     seen = []
     original = engines.export_in_workers
@@ -226,7 +226,7 @@ def test_the_gptq_codes_wait_on_disk_while_workers_lower_the_files(tiny_model, t
 
 
 def test_spilled_gptq_codes_read_back_as_they_were(tmp_path):
-    from hub_export.gptq import Int4Rounding
+    from hub_export.pipeline.gptq import Int4Rounding
 
     torch.manual_seed(0)
     rounding = Int4Rounding(group_size=32)

@@ -11,14 +11,14 @@ import torch
 
 @pytest.fixture(scope="session")
 def tiny_t5(tmp_path_factory) -> Path:
-    from hub_export.demo import build_tiny_t5
+    from hub_export.models.tiny import build_tiny_t5
 
     return build_tiny_t5(tmp_path_factory.mktemp("t5") / "tiny-t5")
 
 
 @pytest.fixture(scope="session")
 def exported_t5(tmp_path_factory, tiny_t5) -> Path:
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     out = tmp_path_factory.mktemp("exports") / "tiny-t5"
     export(str(tiny_t5), out, qmodes=["fp32", "8da8w"], jobs=1)
@@ -29,8 +29,8 @@ def exported_t5(tmp_path_factory, tiny_t5) -> Path:
 def test_the_cached_decoder_matches_transformers_t5(gated, tmp_path) -> None:
     from transformers import T5ForConditionalGeneration
 
-    from hub_export.demo import build_tiny_t5
-    from hub_export.text2text import wrap
+    from hub_export.models.tiny import build_tiny_t5
+    from hub_export.tasks.text_to_text.export import wrap
 
     source = build_tiny_t5(tmp_path / "t5", gated=gated)
     model = T5ForConditionalGeneration.from_pretrained(source).eval()
@@ -50,9 +50,9 @@ def test_t5_files_are_verified_and_answer_as_eager(exported_t5, tiny_t5) -> None
     from tokenizers import Tokenizer
     from transformers import T5ForConditionalGeneration
 
-    from hub_export.manifest import Manifest
-    from hub_export.runtime import PteModel
-    from hub_export.text2text import generate_text
+    from hub_export.pipeline.manifest import Manifest
+    from hub_export.runtime.pte import PteModel
+    from hub_export.tasks.text_to_text.run import generate_text
 
     manifest = Manifest.read(exported_t5)
     assert manifest.source["task"] == "text2text-generation" and manifest.source["methods"] == [
@@ -79,8 +79,8 @@ def test_verification_fails_a_file_of_another_t5(exported_t5, tiny_t5, tmp_path)
 
     from transformers import T5Config, T5ForConditionalGeneration
 
-    from hub_export.quantize import QMODES
-    from hub_export.text2text import expected, reference, verify_variant, wrap
+    from hub_export.pipeline.quantize import QMODES
+    from hub_export.tasks.text_to_text.export import expected, reference, verify_variant, wrap
 
     other = tmp_path / "other"  # the same shape and tokenizer, other weights
     torch.manual_seed(1)
@@ -96,7 +96,7 @@ def test_verification_fails_a_file_of_another_t5(exported_t5, tiny_t5, tmp_path)
 def test_the_text2text_card_and_preview(exported_t5, local_hub, tmp_path) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export import push
+    from hub_export.hub import push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-t5"
@@ -112,7 +112,7 @@ def test_the_text2text_card_and_preview(exported_t5, local_hub, tmp_path) -> Non
 def test_generate_answers_with_a_t5_file(exported_t5, capsys) -> None:
     from helpers import run_cli
 
-    from hub_export.text2text import generate_text
+    from hub_export.tasks.text_to_text.run import generate_text
 
     prompt = "summarize: the old town sits by the river"
     code, out, err = run_cli(["generate", str(exported_t5), "--variant", "8da8w", "--prompt", prompt,

@@ -12,14 +12,14 @@ import torch
 
 @pytest.fixture(scope="session")
 def tiny_smolvlm(tmp_path_factory) -> Path:
-    from hub_export.demo import build_tiny_vlm
+    from hub_export.models.tiny import build_tiny_vlm
 
     return build_tiny_vlm(tmp_path_factory.mktemp("vlm") / "tiny-smolvlm", "smolvlm")
 
 
 @pytest.fixture(scope="session")
 def exported_vlm(tmp_path_factory, tiny_smolvlm) -> Path:
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     out = tmp_path_factory.mktemp("exports") / "tiny-smolvlm"
     export(str(tiny_smolvlm), out, qmodes=["fp32", "8da4w"], qembedding="8w", max_seq_len=128, jobs=1)
@@ -28,7 +28,7 @@ def exported_vlm(tmp_path_factory, tiny_smolvlm) -> Path:
 
 @pytest.fixture(scope="session")
 def drawn_images(tmp_path_factory) -> list[Path]:
-    from hub_export.image_classifier import draw
+    from hub_export.tasks.image_classification.export import draw
 
     folder = tmp_path_factory.mktemp("images")
     paths = []
@@ -46,8 +46,8 @@ def test_the_three_methods_compute_what_transformers_computes(model_type, tmp_pa
     from tokenizers import Tokenizer
     from transformers import AutoModelForImageTextToText
 
-    from hub_export import vision_language as vl
-    from hub_export.demo import build_tiny_vlm
+    from hub_export.models.tiny import build_tiny_vlm
+    from hub_export.tasks.vision_language import export as vl
 
     folder = build_tiny_vlm(tmp_path / model_type, model_type)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
@@ -79,8 +79,8 @@ def test_the_three_methods_compute_what_transformers_computes(model_type, tmp_pa
 
 
 def test_the_file_has_the_runners_methods_and_is_verified(exported_vlm) -> None:
-    from hub_export.manifest import Manifest
-    from hub_export.runtime import PteModel
+    from hub_export.pipeline.manifest import Manifest
+    from hub_export.runtime.pte import PteModel
 
     manifest = Manifest.read(exported_vlm)
     assert manifest.source["task"] == "image-text-to-text"
@@ -105,7 +105,7 @@ def test_multimodal_runner_generates_what_the_files_own_loop_does(exported_vlm, 
     """ExecuTorch's MultimodalRunner (Python binding) on text, an image and text: the file's own greedy answer."""
     from tokenizers import Tokenizer
 
-    from hub_export import vision_language as vl
+    from hub_export.tasks.vision_language import export as vl
 
     pte = exported_vlm / "model-fp32-emb8w.pte"
     file = vl.VisionLanguageFile(pte)
@@ -124,8 +124,8 @@ def test_multimodal_runner_generates_what_the_files_own_loop_does(exported_vlm, 
 def test_verification_fails_answers_about_other_images(exported_vlm, tiny_smolvlm) -> None:
     from transformers import AutoModelForImageTextToText
 
-    from hub_export import vision_language as vl
-    from hub_export.quantize import QMODES
+    from hub_export.pipeline.quantize import QMODES
+    from hub_export.tasks.vision_language import export as vl
 
     model = AutoModelForImageTextToText.from_pretrained(tiny_smolvlm, dtype=torch.float32).eval()
     ref = vl.reference(model, tiny_smolvlm, 128)
@@ -140,7 +140,7 @@ def test_verification_fails_answers_about_other_images(exported_vlm, tiny_smolvl
 def test_generate_streams_an_answer_about_images(exported_vlm, drawn_images, capsys) -> None:
     from helpers import run_cli
 
-    from hub_export.generate import generate
+    from hub_export.tasks.text_generation.run import generate
 
     args = ["generate", str(exported_vlm), "--variant", "8da4w", "--image", str(drawn_images[0]), "--image",
             str(drawn_images[1]), "--prompt", "Compare the two pictures.", "--max-new-tokens", "8"]  # fmt: skip
@@ -180,10 +180,10 @@ def test_bad_images_are_refused_in_one_line(exported_vlm, drawn_images, tmp_path
 
 
 def test_images_are_refused_by_a_text_file(tmp_path, drawn_images) -> None:
-    from hub_export.demo import build_tiny_model
     from hub_export.errors import InputError
-    from hub_export.export import export
-    from hub_export.generate import generate
+    from hub_export.models.tiny import build_tiny_model
+    from hub_export.pipeline.export import export
+    from hub_export.tasks.text_generation.run import generate
 
     out = tmp_path / "out"
     export(str(build_tiny_model(tmp_path / "tiny")), out, qmodes=["fp32"], verify=False, jobs=1)
@@ -192,9 +192,9 @@ def test_images_are_refused_by_a_text_file(tmp_path, drawn_images) -> None:
 
 
 def test_the_task_is_read_from_the_config_and_its_options_checked(tiny_smolvlm) -> None:
-    from hub_export import tasks
     from hub_export.errors import InputError
-    from hub_export.vision_language import seq_len
+    from hub_export.tasks import registry as tasks
+    from hub_export.tasks.vision_language.export import seq_len
 
     for model_type in ("smolvlm", "idefics3", "llava", "internvl"):
         assert tasks.task_for({"model_type": model_type}) is tasks.IMAGE_TEXT_TO_TEXT
@@ -209,7 +209,7 @@ def test_the_task_is_read_from_the_config_and_its_options_checked(tiny_smolvlm) 
 def test_the_card_push_pull_and_preview(exported_vlm, drawn_images, local_hub, tmp_path) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export import pull, push
+    from hub_export.hub import pull, push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-smolvlm"
@@ -233,7 +233,7 @@ def test_the_card_push_pull_and_preview(exported_vlm, drawn_images, local_hub, t
 def test_running_the_vision_encoder_between_decoder_calls_keeps_the_cache(exported_vlm, drawn_images) -> None:
     """The runtime shares each planned arena among a file's methods: the KV cache must live in its own, or the
     image's encoder overwrites the prompt's cached keys between two prefill chunks."""
-    from hub_export import vision_language as vl
+    from hub_export.tasks.vision_language import export as vl
 
     file = vl.VisionLanguageFile(exported_vlm / "model-fp32-emb8w.pte")
     image = vl.load_image(drawn_images[0], file.image_size)
@@ -249,9 +249,9 @@ def test_running_the_vision_encoder_between_decoder_calls_keeps_the_cache(export
 
 @pytest.mark.parametrize("model_type", ["llava", "internvl"])
 def test_the_other_families_export_verified_files_the_runner_takes(model_type, tmp_path) -> None:
-    from hub_export.demo import build_tiny_vlm
-    from hub_export.export import export
-    from hub_export.manifest import Manifest
+    from hub_export.models.tiny import build_tiny_vlm
+    from hub_export.pipeline.export import export
+    from hub_export.pipeline.manifest import Manifest
 
     out = tmp_path / "out"
     # The vision tower and connector may take their own qmode (--qmode-encoder).

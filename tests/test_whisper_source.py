@@ -12,8 +12,8 @@ import subprocess
 import numpy as np
 import pytest
 
-from hub_export.ct2_whisper import convert_ct2_whisper, read_ct2_variables
 from hub_export.errors import SourceError
+from hub_export.tasks.speech.ct2_whisper import convert_ct2_whisper, read_ct2_variables
 
 SENTENCES = [
     "The quick brown fox jumps over the lazy dog.",
@@ -123,7 +123,7 @@ def test_the_edit_distance() -> None:
 
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory):
-    from hub_export.demo import packaged_whisper
+    from hub_export.models.tiny import packaged_whisper
 
     return packaged_whisper(tmp_path_factory.mktemp("whisper"))
 
@@ -182,8 +182,9 @@ def test_the_converted_folder_has_whisper_tokens_and_generation_settings(whisper
 
 @pytest.mark.real
 def test_a_failed_write_keeps_the_previous_folder_and_no_staging(tmp_path, monkeypatch) -> None:
-    from hub_export import ct2_whisper, demo
-    from hub_export.demo import package_folder
+    from hub_export.models import tiny as demo
+    from hub_export.models.tiny import package_folder
+    from hub_export.tasks.speech import ct2_whisper
 
     out = tmp_path / "whisper"
     out.mkdir()

@@ -9,9 +9,9 @@ import sys
 import time
 from pathlib import Path
 
-from hub_export import workers
-from hub_export.engines import variant_memory
-from hub_export.manifest import Manifest
+from hub_export.pipeline import workers
+from hub_export.pipeline.engines import variant_memory
+from hub_export.pipeline.manifest import Manifest
 
 
 def test_worker_count_follows_the_request_the_cores_and_the_memory(monkeypatch):
@@ -30,7 +30,7 @@ def test_worker_count_follows_the_request_the_cores_and_the_memory(monkeypatch):
 
 
 def test_variants_built_in_workers_are_the_files_a_one_variant_run_builds(exported_multi, tiny_model, tmp_path):
-    from hub_export.export import export
+    from hub_export.pipeline.export import export
 
     alone = export(str(tiny_model), tmp_path / "alone", qmodes=["8da4w"], qembedding="8w", max_seq_len=64)
     in_workers = {v.qmode: v for v in Manifest.read(exported_multi).variants}

@@ -1,0 +1,26 @@
+"""``hub-export card``: render an export folder's model card."""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import typer
+
+from hub_export.cli.common import ENDPOINT_HELP, app, out
+from hub_export.hub.card import remember_source_card, write_card
+
+
+@app.command("card", epilog="Example:\n\n  hub-export card out/ --template my_card.md.j2")
+def card_command(
+    folder: Path = typer.Argument(..., help="An export folder (with manifest.json)."),
+    template: Path | None = typer.Option(None, help="Jinja2 template for the card body."),
+    source_card: Path | None = typer.Option(
+        None, help="README.md of the source model: license/language to inherit (kept in the manifest)."
+    ),
+    repo_id: str | None = typer.Option(None, help="Repo the folder is published as (for the usage commands)."),
+    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+):
+    """(Re-)render FOLDER/README.md from FOLDER/manifest.json."""
+    data = remember_source_card(folder, source_card) if source_card else None
+    path = write_card(folder, data, template, endpoint, repo_id=repo_id)
+    out.print(f"Wrote {path}")

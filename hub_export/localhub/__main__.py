@@ -1,5 +1,0 @@
-"""``python -m hub_export.localhub``: the ``hub-export hub`` commands on their own."""
-
-from .cli import app
-
-app(prog_name="python -m hub_export.localhub")

@@ -1,0 +1,225 @@
+"""Lower: an ``ExportedProgram`` becomes ExecuTorch ``.pte`` bytes via XNNPACK."""
+
+from __future__ import annotations
+
+from collections.abc import Callable
+from pathlib import Path
+from typing import Any
+
+import torch
+
+from hub_export.patches import (
+    compact_dependency_viewers,
+    decomposing_once,
+    edge_compile_config,
+    forgetting_tracing_caches,
+    skipping_idle_edge_passes,
+    skipping_idle_xnnpack_passes,
+    xnnpack_partitioner_configs,
+)
+
+
+def runner_metadata(
+    *,
+    max_seq_len: int,
+    bos_id: int | None,
+    eos_ids: list[int],
+    vocab_size: int,
+    dynamic_shape: bool,
+    max_context_len: int | None = None,
+) -> dict[str, Any]:
+    """The constant methods ExecuTorch's ``TextLLMRunner`` reads from a ``.pte``.
+
+    Names follow ``extension/llm/runner/constants.h``; ``get_eos_ids`` is plural (a
+    list), which is what the runner reads.
+    """
+    metadata: dict[str, Any] = {
+        "get_max_seq_len": max_seq_len,
+        # Above max_seq_len only for a cache that never fills (attention sink).
+        "get_max_context_len": max_context_len or max_seq_len,
+        "get_vocab_size": vocab_size,
+        "get_eos_ids": list(eos_ids),
+        "use_kv_cache": True,
+        "use_sdpa_with_kv_cache": True,
+        "enable_dynamic_shape": dynamic_shape,
+    }
+    if bos_id is not None:
+        metadata["get_bos_id"] = bos_id
+    return metadata
+
+
+def is_dynamic(program: torch.export.ExportedProgram) -> bool:
+    """True when the program's token input really has a symbolic sequence length."""
+    for node in program.graph.nodes:
+        if node.op == "placeholder" and node.name == "input_ids":
+            shape = node.meta["val"].shape
+            return any(not isinstance(dim, int) for dim in shape)
+    return False
+
+
+def _static_except_one(node: torch.fx.Node) -> list[int] | None:
+    """The node's output shape with its single symbolic dim as -1, else None."""
+    value = node.meta.get("val")
+    if value is None:
+        return None
+    shape = [d if isinstance(d, int) else -1 for d in value.shape]
+    return shape if shape.count(-1) == 1 else None
+
+
+def inferred_reshapes(program: torch.export.ExportedProgram) -> int:
+    """Rewrite reshapes with a symbolic size into reshapes with one inferred (-1) dim.
+
+    XNNPACK refuses ``view(x, [1, s, -1, 64])`` (a symbolic ``s``) and non-trailing
+    ``unsqueeze``, and every refused op splits a layer into several delegates with a
+    runtime hop between them. ``view(x, [1, -1, 3, 64])`` is the same reshape, which
+    XNNPACK takes. Returns the number of nodes rewritten.
+    """
+    aten = torch.ops.aten
+    reshapes = {aten.view.default, aten._unsafe_view.default, aten.reshape.default, aten.unsqueeze.default}
+    graph = program.graph_module.graph
+    rewritten = 0
+    for node in list(graph.nodes):
+        if node.op != "call_function" or node.target not in reshapes:
+            continue
+        shape = _static_except_one(node)
+        if shape is None:
+            continue
+        node.target = aten.view.default
+        node.args = (node.args[0], shape)
+        rewritten += 1
+    if rewritten:
+        graph.eliminate_dead_code()
+        program.graph_module.recompile()
+    return rewritten
+
+
+def drop_provenance(program: torch.export.ExportedProgram) -> None:
+    """Forget export-time node provenance (``meta["from_node"]``).
+
+    Every lowering pass deep-copies each node's provenance chain and appends to it;
+    starting from empty chains makes lowering measurably faster. The
+    ``.pte`` does not use them.
+    """
+    for node in program.graph_module.graph.nodes:
+        node.meta.pop("from_node", None)
+
+
+def partitioner():
+    """The XNNPACK partitioner, with :func:`hub_export.patches.xnnpack_partitioner_configs` (weight-only linears
+    claimed whole)."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+
+    return XnnpackPartitioner(configs=xnnpack_partitioner_configs())
+
+
+def _tag_weights_external(tag: str):
+    """A transform pass that sends XNNPACK's weights to the data file named ``tag``."""
+    from torch.fx.passes.infra.pass_base import PassResult
+
+    def tag_weights(graph_module: torch.fx.GraphModule) -> PassResult:
+        for node in graph_module.graph.nodes:
+            if node.op == "placeholder" and node.name not in ("input_ids", "cache_position"):
+                node.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
+        return PassResult(graph_module, True)
+
+    return tag_weights
+
+
+def backend_config(tag: str | None = None, methods: int = 1):
+    """How every ``.pte`` is serialized: delegate blobs in segments, inputs not copied into planned memory
+    (``alloc_graph_input=False``), quantized-weight patterns folded; with ``tag``, every weight into that data file.
+
+    A file of several ``methods`` keeps its KV cache in an arena of its own (``share_mutable_buffers``): the
+    runtimes share each planned arena among a program's methods, so a cache planned beside the activations of
+    the decoder's method is overwritten when another method runs between two decoder calls (a vision-language
+    file's ``vision_encoder`` between prompt chunks).
+    """
+    from executorch.exir import ExecutorchBackendConfig
+    from executorch.exir.passes import MemoryPlanningPass
+
+    return ExecutorchBackendConfig(
+        extract_delegate_segments=True,
+        memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, share_mutable_buffers=methods > 1),
+        do_quant_fusion_and_const_prop=True,
+        external_constants=(lambda node: tag) if tag else False,
+    )
+
+
+def to_pte(
+    program: torch.export.ExportedProgram,
+    metadata: dict[str, Any],
+    path: Path,
+    data_path: Path | None = None,
+    on_partition: Callable[[], None] | None = None,
+) -> int:
+    """Partition to XNNPACK, plan memory and write the ``.pte`` to ``path``; returns its size.
+
+    ``do_quant_fusion_and_const_prop`` folds torchao's weight-only dequantize patterns
+    (e.g. quantized embeddings) into ops the runtime has kernels for.
+
+    ``on_partition`` is called as XNNPACK starts on each partition (progress within lowering).
+
+    With ``data_path`` (a ``.ptd`` next to ``path``) every weight, the program's and
+    XNNPACK's alike, goes to that data file, where ExecuTorch stores byte-identical
+    buffers once: a tied embedding table and an output projection quantized the same
+    way are kept once (``benchmarks/shared_embedding.py``).
+    """
+    if data_path is not None and data_path.parent != path.parent:
+        raise ValueError("the data file must sit next to the .pte")
+    tag = data_path.stem if data_path is not None else None
+    from executorch.exir import to_edge_transform_and_lower
+
+    if isinstance(program, dict):  # several methods (a speech file): lowered together, the stock way
+        return _methods_to_pte(program, metadata, path, on_partition)
+    inferred_reshapes(program)
+    drop_provenance(program)
+    xnnpack = partitioner()
+    with forgetting_tracing_caches(), skipping_idle_edge_passes():
+        with (
+            decomposing_once(program, xnnpack) as decomposed,
+            compact_dependency_viewers(),
+            skipping_idle_xnnpack_passes(on_partition),
+        ):
+            edge = to_edge_transform_and_lower(
+                decomposed or program,
+                transform_passes=[_tag_weights_external(tag)] if tag else None,
+                partitioner=[xnnpack],
+                compile_config=edge_compile_config(),
+                constant_methods=metadata,
+            )
+        executorch_program = edge.to_executorch(backend_config(tag))
+        del edge
+        with open(path, "wb") as handle:
+            executorch_program.write_to_file(handle)
+        if tag:
+            executorch_program.write_tensor_data_to_file(str(path.parent))
+            if not data_path.is_file():
+                raise RuntimeError(f"ExecuTorch wrote no {data_path.name}")
+        del executorch_program
+    return path.stat().st_size
+
+
+def _methods_to_pte(
+    programs: dict[str, torch.export.ExportedProgram],
+    metadata: dict[str, Any],
+    path: Path,
+    on_partition: Callable[[], None] | None = None,
+) -> int:
+    """Lower one program per method into one ``.pte`` at ``path``; returns its size."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    for program in programs.values():
+        inferred_reshapes(program)
+        drop_provenance(program)
+    with forgetting_tracing_caches(), skipping_idle_xnnpack_passes(on_partition):
+        edge = to_edge_transform_and_lower(
+            programs,
+            partitioner={name: [partitioner()] for name in programs},
+            compile_config=edge_compile_config(),
+            constant_methods=metadata,
+        )
+    executorch_program = edge.to_executorch(backend_config(methods=len(programs)))
+    del edge
+    with open(path, "wb") as handle:
+        executorch_program.write_to_file(handle)
+    return path.stat().st_size

@@ -1,0 +1,1 @@
+"""Fill-mask: masked language models."""

@@ -1,0 +1,1 @@
+"""Image classification: a vision model and its classifier head."""

@@ -1,0 +1,1 @@
+"""Sentence embeddings: an encoder and its pooling as one method."""

@@ -1,0 +1,1 @@
+"""Speech recognition: Whisper as one ``.pte`` whose methods a device calls in turn."""

@@ -1,0 +1,646 @@
+"""Speech recognition: a Whisper model as one ``.pte`` whose methods a device calls in turn.
+
+- ``preprocessor``: 16 kHz mono samples ``[n]`` (n up to 30 s) -> log-mel features
+  ``[1, mels, 3000]``, ExecuTorch's own ``WhisperAudioProcessor`` (what transformers'
+  ``WhisperFeatureExtractor`` computes), so a device needs no Python;
+- ``encoder``: features -> the cross-attention keys and values of every decoder layer,
+  ``[2 * layers, 1500, d_model]`` (keys of layer i in row 2i, values in 2i+1). They are
+  computed once per 30 s window instead of at every generated token;
+- ``text_decoder``: token ids ``[1, n]``, the encoder's output and their cache positions
+  ``[n]`` -> token scores ``[1, n, vocab]``, with a static self-attention cache inside.
+
+``encoder`` and ``text_decoder`` take and return what ExecuTorch's ASR runner and
+optimum-executorch's ``ExecuTorchModelForSpeechSeq2Seq`` pass between them (the decoder
+takes whatever the encoder returned), with the constant methods they read
+(``decoder_start_token_id``, ``get_max_seq_len``, ``get_eos_id``...).
+
+Verification (:func:`verify_variant`) runs the shipped recordings (``data/speech``,
+spoken by espeak-ng, with their sentences) through the file: the preprocessor against
+transformers' feature extractor, the encoder's output against the eager model's, the
+decoder's scores with teacher forcing on eager's transcript (KL and top-1, the text
+decoder's bounds), and a greedy transcription whose word error rate against eager's
+transcript and against the spoken sentence is the quality figure. The module implements
+the encoder-task stages of :mod:`hub_export.tasks.encoders`, with hooks of its own for the
+reference, the quantization and the verification.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import re
+from dataclasses import dataclass
+from importlib import resources
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hub_export.errors import InputError, VerificationError, first_line, opt
+from hub_export.pipeline import quantize
+from hub_export.pipeline.manifest import Verification
+from hub_export.pipeline.quantize import QMode
+from hub_export.tasks.encoders import label_figures
+
+SAMPLE_RATE = 16000
+WINDOW_SECONDS = 30
+WINDOW_SAMPLES = SAMPLE_RATE * WINDOW_SECONDS
+METHODS = ("preprocessor", "encoder", "text_decoder")
+# The least cosine similarity of the encoder's output to eager's, by kind of file.
+MIN_ENCODER_COSINE = {"fp32": 0.9999, "weight_only": 0.999, "dynamic": 0.99}
+MAX_FEATURE_DIFF = 0.02  # log-mel features lie in about [-1, 1.5]; ExecuTorch's window differs by ~1e-4
+
+
+# -- the modules the file's methods are ------------------------------------------------------------
+
+
+def load_custom_ops() -> None:
+    # Registers llama::update_cache / llama::custom_sdpa with torch, eager kernels included.
+    import executorch.extension.llm.custom_ops.custom_ops  # noqa: F401
+
+
+class CrossAttentionEncoder(nn.Module):
+    """``encoder``: log-mel features ``[1, mels, frames]`` -> every decoder layer's cross-attention keys and
+    values, ``[2 * layers, positions, d_model]``."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.encoder = model.model.encoder
+        self.projections = nn.ModuleList(
+            nn.ModuleList([layer.encoder_attn.k_proj, layer.encoder_attn.v_proj])
+            for layer in model.model.decoder.layers
+        )
+
+    def forward(self, input_features: torch.Tensor) -> torch.Tensor:
+        hidden = self.encoder(input_features=input_features).last_hidden_state[0]
+        return torch.stack([projection(hidden) for pair in self.projections for projection in pair])
+
+
+class CachedDecoder(nn.Module):
+    """``text_decoder``: (token ids ``[1, n]``, cross keys/values, cache positions ``[n]``) -> scores ``[1, n, vocab]``.
+
+    Self-attention keys and values go into a static cache (ExecuTorch's ``update_cache``)
+    and are read by its ``custom_sdpa``; cross-attention reads the encoder's output.
+    """
+
+    def __init__(self, model: nn.Module, max_seq_len: int):
+        super().__init__()
+        load_custom_ops()
+        config = model.config
+        self.decoder, self.proj_out = model.model.decoder, model.proj_out
+        self.heads = config.decoder_attention_heads
+        self.head_dim = config.d_model // self.heads
+        self.scaling = self.head_dim**-0.5
+        self.max_seq_len = max_seq_len
+        for i in range(config.decoder_layers):
+            for kind in ("k", "v"):
+                shape = (1, max_seq_len, self.heads, self.head_dim)
+                self.register_buffer(f"{kind}_cache_{i}", torch.zeros(shape), persistent=False)
+
+    def _heads(self, x: torch.Tensor) -> torch.Tensor:
+        return x.view(1, -1, self.heads, self.head_dim)
+
+    def _self_attention(self, i: int, layer: nn.Module, x: torch.Tensor, start_pos) -> torch.Tensor:
+        attention = layer.self_attn
+        k_cache, v_cache = getattr(self, f"k_cache_{i}"), getattr(self, f"v_cache_{i}")
+        torch.ops.llama.update_cache(self._heads(attention.k_proj(x)), k_cache, start_pos)
+        torch.ops.llama.update_cache(self._heads(attention.v_proj(x)), v_cache, start_pos)
+        query = self._heads(attention.q_proj(x))
+        out = torch.ops.llama.custom_sdpa(query, k_cache, v_cache, start_pos, None, 0.0, True, self.scaling)
+        return attention.out_proj(out.reshape(1, -1, self.heads * self.head_dim))
+
+    def _cross_attention(self, i: int, layer: nn.Module, x: torch.Tensor, cross: torch.Tensor) -> torch.Tensor:
+        attention = layer.encoder_attn
+        query = self._heads(attention.q_proj(x)).transpose(1, 2)
+        key, value = (self._heads(cross[2 * i + j].unsqueeze(0)).transpose(1, 2) for j in (0, 1))
+        out = nn.functional.scaled_dot_product_attention(query, key, value, scale=self.scaling)
+        return attention.out_proj(out.transpose(1, 2).reshape(1, -1, self.heads * self.head_dim))
+
+    def forward(self, decoder_input_ids: torch.Tensor, encoder_output: torch.Tensor, cache_position: torch.Tensor):
+        start_pos = cache_position[0].item()
+        torch._check(start_pos >= 0)
+        torch._check(start_pos < self.max_seq_len)
+        decoder = self.decoder
+        positions = nn.functional.embedding(cache_position, decoder.embed_positions.weight)
+        x = decoder.embed_tokens(decoder_input_ids) + positions.unsqueeze(0)
+        for i, layer in enumerate(decoder.layers):
+            x = x + self._self_attention(i, layer, layer.self_attn_layer_norm(x), start_pos)
+            x = x + self._cross_attention(i, layer, layer.encoder_attn_layer_norm(x), encoder_output)
+            x = x + layer.fc2(layer.activation_fn(layer.fc1(layer.final_layer_norm(x))))
+        return self.proj_out(decoder.layer_norm(x))
+
+
+class Preprocessor(nn.Module):
+    """``preprocessor``: samples ``[n]`` at 16 kHz (n up to 30 s) -> log-mel features ``[1, mels, 3000]``."""
+
+    def __init__(self, mels: int):
+        super().__init__()
+        from executorch.extension.audio.mel_spectrogram import WhisperAudioProcessor
+
+        self.processor = WhisperAudioProcessor(feature_size=mels)
+
+    def forward(self, waveform: torch.Tensor) -> torch.Tensor:
+        return self.processor(waveform)
+
+
+class SpeechModel(nn.Module):
+    """The three methods of a speech file, as one module tree (quantized together, exported one by one)."""
+
+    def __init__(self, model: nn.Module, max_seq_len: int):
+        super().__init__()
+        self.config = model.config
+        self.preprocessor = Preprocessor(model.config.num_mel_bins)
+        self.encoder = CrossAttentionEncoder(model)
+        self.text_decoder = CachedDecoder(model, max_seq_len)
+
+
+def _layer_norm_4d(self, x: torch.Tensor) -> torch.Tensor:
+    # XNNPACK delegates mean over the two innermost dims of a 4D tensor, not native_layer_norm:
+    # the same arithmetic in that shape keeps every layer in one delegate.
+    shape = x.shape
+    rows = x.reshape(1, -1, 1, shape[-1])
+    centered = rows - rows.mean(dim=(-2, -1), keepdim=True)
+    variance = centered.pow(2).mean(dim=(-2, -1), keepdim=True)
+    return (centered * torch.rsqrt(variance + self.eps)).reshape(shape) * self.weight + self.bias
+
+
+@contextlib.contextmanager
+def delegable_layer_norms(module: nn.Module):
+    """While exporting, compute ``module``'s affine LayerNorms in the shape XNNPACK delegates (see ``_layer_norm_4d``);
+    the eager model that verification compares against keeps its own."""
+    patched = [
+        m for m in module.modules() if isinstance(m, nn.LayerNorm) and m.weight is not None and m.bias is not None
+    ]
+    for norm in patched:
+        norm.forward = _layer_norm_4d.__get__(norm)
+    try:
+        yield len(patched)
+    finally:
+        for norm in patched:
+            del norm.forward
+
+
+# -- the encoder-task stages (hub_export.tasks.encoders) ---------------------------------------------------
+
+
+def seq_len(folder: Path, config: dict, requested: int | None) -> int:
+    """The decoder's cache length: ``requested``, else the model's ``max_target_positions`` (448 for Whisper)."""
+    limit = int(config.get("max_target_positions") or 448)
+    if requested is not None and requested > limit:
+        raise InputError(
+            f"{opt('max_seq_len')} {requested} is above the decoder's limit of {limit} positions", param="max_seq_len"
+        )
+    return requested or limit
+
+
+def wrap(model: nn.Module, folder: Path, max_seq_len: int = 448) -> SpeechModel:
+    return SpeechModel(model, max_seq_len)
+
+
+def export(wrapped: SpeechModel, max_seq_len: int) -> dict[str, torch.export.ExportedProgram]:
+    """The three methods, each traced with its own inputs (the decoder's token count dynamic)."""
+    config = wrapped.config
+    frames = 2 * config.max_source_positions
+    features = torch.zeros(1, config.num_mel_bins, frames)
+    with torch.no_grad(), delegable_layer_norms(wrapped):
+        cross = wrapped.encoder(features)
+        samples = torch.export.Dim("samples", min=config.num_mel_bins * 10, max=WINDOW_SAMPLES)
+        tokens = torch.export.Dim("tokens", min=1, max=max_seq_len)
+        programs = {
+            "preprocessor": torch.export.export(
+                wrapped.preprocessor, (torch.zeros(SAMPLE_RATE),), dynamic_shapes=({0: samples},), strict=False
+            ),
+            "encoder": torch.export.export(wrapped.encoder, (features,), strict=False),
+            "text_decoder": torch.export.export(
+                wrapped.text_decoder,
+                (torch.zeros(1, 2, dtype=torch.long), cross, torch.arange(2)),
+                dynamic_shapes=({1: tokens}, None, {0: tokens}),
+                strict=False,
+            ),
+        }
+    for name, buffer in wrapped.text_decoder.named_buffers():
+        if "_cache_" in name:
+            buffer.zero_()
+    return programs
+
+
+def generation_settings(folder: Path) -> dict[str, Any]:
+    """What a transcription loop needs from ``generation_config.json``: start token, prompt tokens, suppressed ids."""
+    try:
+        data = json.loads((folder / "generation_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError):
+        data = {}
+    config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+
+    def ids(value) -> list[int]:
+        return [int(v) for v in value if isinstance(v, int)] if isinstance(value, list) else []
+
+    start = data.get("decoder_start_token_id", config.get("decoder_start_token_id"))
+    eos = data.get("eos_token_id", config.get("eos_token_id"))
+    return {
+        "decoder_start_token_id": int(start),
+        "eos_token_id": int(eos[0] if isinstance(eos, list) else eos),
+        "no_timestamps_token_id": data.get("no_timestamps_token_id"),
+        "is_multilingual": bool(data.get("is_multilingual", False)),
+        "lang_to_id": {k: int(v) for k, v in (data.get("lang_to_id") or {}).items() if isinstance(v, int)},
+        "task_to_id": {k: int(v) for k, v in (data.get("task_to_id") or {}).items() if isinstance(v, int)},
+        "suppress_tokens": ids(data.get("suppress_tokens", config.get("suppress_tokens"))),
+        "begin_suppress_tokens": ids(data.get("begin_suppress_tokens", config.get("begin_suppress_tokens"))),
+    }
+
+
+def metadata(model: nn.Module, folder: Path, max_seq_len: int) -> dict[str, Any]:
+    """The constant methods: what ExecuTorch's ASR runner and optimum-executorch read, and the audio settings."""
+    config, settings = model.config, generation_settings(folder)
+    return {
+        "get_max_seq_len": max_seq_len,
+        "get_vocab_size": int(config.vocab_size),
+        "decoder_start_token_id": settings["decoder_start_token_id"],
+        "get_bos_id": settings["decoder_start_token_id"],
+        "get_eos_id": settings["eos_token_id"],
+        "get_eos_ids": [settings["eos_token_id"]],
+        "max_hidden_seq_length": int(config.max_source_positions),
+        "get_max_batch_size": 1,
+        "use_kv_cache": True,
+        "get_sample_rate": SAMPLE_RATE,
+        "get_num_mel_bins": int(config.num_mel_bins),
+        "is_multilingual": settings["is_multilingual"],
+    }
+
+
+def source_record(model: nn.Module, folder: Path) -> dict[str, Any]:
+    settings = generation_settings(folder)
+    return {"methods": list(METHODS), "multilingual": settings["is_multilingual"], "sample_rate": SAMPLE_RATE}
+
+
+def quantize_model(model: nn.Module, qmode: str, options) -> list[str]:
+    """``qmode`` for the decoder's linear layers (cross-attention projections included), ``options.qmode_encoder``
+    (default: the same) for the audio encoder's, ``options.qembedding`` for the decoder's token table."""
+    quantize.drop_padding_index(model)
+    quantize.quantize_embeddings(model.model.decoder, options.qembedding)
+    encoder = model.model.encoder
+    fallback = quantize.quantize_linears(encoder, options.qmode_encoder or qmode, options.group_size)
+    fallback += quantize.quantize_linears(model, qmode, options.group_size, exclude=tuple(encoder.modules()))
+    return fallback
+
+
+# -- audio and words ----------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Clip:
+    """A shipped recording and the sentence spoken in it."""
+
+    name: str
+    waveform: torch.Tensor  # [n] float32 at 16 kHz
+    text: str
+
+
+def eval_clips() -> list[Clip]:
+    """The recordings verification transcribes (``hub_export/data/speech``, made by ``scripts/make_speech_clips.py``)."""
+    folder = resources.files("hub_export").joinpath("data", "speech")
+    records = json.loads(folder.joinpath("transcripts.json").read_text(encoding="utf-8"))
+    return [Clip(r["file"], read_audio(Path(str(folder.joinpath(r["file"])))), r["text"]) for r in records]
+
+
+def read_audio(path: str | Path) -> torch.Tensor:
+    """A sound file (wav, flac, ogg, mp3: what libsndfile reads) as mono float32 samples at 16 kHz.
+
+    Raises:
+        InputError: the file cannot be read as audio.
+    """
+    import numpy as np
+    import soundfile
+    from scipy.signal import resample_poly
+
+    path = Path(path)
+    try:
+        audio, rate = soundfile.read(path, dtype="float32", always_2d=True)
+    except (soundfile.LibsndfileError, RuntimeError, OSError, ValueError) as error:
+        raise InputError(
+            f"cannot read {path.name} as audio ({type(error).__name__}); give a wav, flac, ogg or mp3 file"
+        ) from None
+    if audio.size == 0:
+        raise InputError(f"{path.name} holds no audio samples")
+    mono = audio.mean(axis=1)
+    if rate != SAMPLE_RATE:
+        mono = resample_poly(mono, SAMPLE_RATE, rate)
+    return torch.from_numpy(np.ascontiguousarray(mono, dtype=np.float32))
+
+
+def words(text: str) -> list[str]:
+    """``text`` as lower-case words without punctuation: what a word error rate counts."""
+    return re.sub(r"[^\w\s']", " ", text.lower()).split()
+
+
+def word_error_rate(hypothesis: str, reference: str) -> float:
+    """(substitutions + deletions + insertions) / reference words, by edit distance over words.
+
+    Example:
+        >>> word_error_rate("the cat sat", "the cat sat down")
+        0.25
+    """
+    hyp, ref = words(hypothesis), words(reference)
+    previous = list(range(len(hyp) + 1))
+    for i, ref_word in enumerate(ref, 1):
+        current = [i]
+        for j, hyp_word in enumerate(hyp, 1):
+            current.append(min(previous[j] + 1, current[j - 1] + 1, previous[j - 1] + (ref_word != hyp_word)))
+        previous = current
+    return previous[-1] / max(len(ref), 1)
+
+
+def corpus_wer(hypotheses: list[str], references: list[str]) -> float:
+    """Word error rate over several texts: all edits over all reference words."""
+    edits = sum(word_error_rate(h, r) * max(len(words(r)), 1) for h, r in zip(hypotheses, references, strict=True))
+    return edits / max(sum(max(len(words(r)), 1) for r in references), 1)
+
+
+# -- transcribing ---------------------------------------------------------------------------------------
+
+
+def prompt_ids(
+    settings: dict[str, Any], language: str | None = None, translate: bool = False, timestamps: bool = False
+) -> list[int]:
+    """The tokens a transcription starts from: start, language and task (multilingual models), and the
+    no-timestamps token unless ``timestamps`` are asked for.
+
+    Raises:
+        InputError: a language the model does not know, a language or translation asked of an English-only model,
+            or timestamps asked of a model without timestamp tokens.
+    """
+    ids = [settings["decoder_start_token_id"]]
+    if settings["is_multilingual"]:
+        language_id = settings["lang_to_id"].get(f"<|{language or 'en'}|>")
+        if language_id is None:
+            known = ", ".join(sorted(key.strip("<|>") for key in settings["lang_to_id"])[:12])
+            raise InputError(f"the model does not know the language {language!r}; it knows {known}, ...")
+        ids += [language_id, settings["task_to_id"]["translate" if translate else "transcribe"]]
+    elif translate or language not in (None, "en"):
+        raise InputError("this is an English-only model: it transcribes English and cannot translate; drop --language "
+                         "and --translate")  # fmt: skip
+    if timestamps and settings["no_timestamps_token_id"] is None:
+        raise InputError("this model has no timestamp tokens; drop --timestamps")
+    if not timestamps and settings["no_timestamps_token_id"] is not None:
+        ids.append(int(settings["no_timestamps_token_id"]))
+    return ids
+
+
+def _next_token(row: torch.Tensor, tokens: list[int], settings: dict, timestamps: bool) -> int:
+    """Greedy choice over ``row`` (one position's scores) under Whisper's rules.
+
+    Always: the suppressed tokens, and at the start the begin-suppressed ones. With
+    timestamps (transformers' timestamp rules, simplified): the first token is a timestamp
+    (at most 1 s in), times never go back, and a timestamp is taken whenever all timestamps
+    together are likelier than the best word.
+    """
+    row = row.float().clone()
+    row[[i for i in settings["suppress_tokens"] if i < row.numel()]] = -float("inf")
+    if not tokens:
+        row[[i for i in settings["begin_suppress_tokens"] if i < row.numel()]] = -float("inf")
+    if not timestamps:
+        return int(row.argmax())
+    first_time = int(settings["no_timestamps_token_id"]) + 1
+    if not tokens:
+        row[:first_time] = -float("inf")
+        row[first_time + 50 + 1 :] = -float("inf")
+    times = [t for t in tokens if t >= first_time]
+    if times:
+        row[first_time : times[-1]] = -float("inf")  # never back in time
+    logprobs = torch.log_softmax(row, -1)
+    if torch.logsumexp(logprobs[first_time:], 0) > logprobs[:first_time].max():
+        return first_time + int(logprobs[first_time:].argmax())
+    return int(logprobs.argmax())
+
+
+def greedy_tokens(
+    encode,
+    decode,
+    features: torch.Tensor,
+    prompt: list[int],
+    settings: dict,
+    max_seq_len: int,
+    timestamps: bool = False,
+) -> list[int]:
+    """The tokens greedy decoding produces after ``prompt`` (EOS excluded), under Whisper's rules (:func:`_next_token`).
+
+    ``encode(features)`` and ``decode(ids, encoder_output, positions)`` are the file's
+    methods or the eager model's: both are run through this one loop.
+    """
+    cross = encode(features)
+    logits = decode(torch.tensor([prompt], dtype=torch.long), cross, torch.arange(len(prompt)))
+    tokens: list[int] = []
+    position = len(prompt)
+    while position < max_seq_len:
+        token = _next_token(logits[0, -1], tokens, settings, timestamps)
+        if token == settings["eos_token_id"]:
+            break
+        tokens.append(token)
+        logits = decode(torch.tensor([[token]], dtype=torch.long), cross, torch.tensor([position]))
+        position += 1
+    return tokens
+
+
+@dataclass(frozen=True)
+class Segment:
+    """A stretch of speech and its text, times in seconds from the start of the audio."""
+
+    start: float
+    end: float
+    text: str
+
+
+def segments(tokens: list[int], settings: dict, decode_text, offset: float = 0.0) -> list[Segment]:
+    """The timed segments of a transcript with timestamp tokens (each 0.02 s), ``offset`` seconds into the audio."""
+    first_time = int(settings["no_timestamps_token_id"]) + 1
+    found, start, words = [], None, []
+    for token in tokens:
+        if token < first_time:
+            words.append(token)
+            continue
+        time = offset + (token - first_time) * 0.02
+        if start is None:
+            start = time
+        elif words:
+            found.append(Segment(round(start, 2), round(time, 2), decode_text(words)))
+            start, words = None, []
+        else:
+            start = time
+    if words:  # the window ended mid-segment
+        found.append(
+            Segment(round(start if start is not None else offset, 2), round(offset + 30.0, 2), decode_text(words))
+        )
+    return found
+
+
+class EncoderDecoderFile:
+    """A ``.pte`` with ``encoder`` and ``text_decoder`` methods (speech, text-to-text), ready to run them."""
+
+    methods: tuple[str, ...] = ("encoder", "text_decoder")
+    kind = "sequence-to-sequence"
+
+    def __init__(self, pte_path: str | Path):
+        from hub_export.runtime.pte import PteModel  # the ExecuTorch runtime: loaded when a file is run
+
+        self.model = PteModel(pte_path)
+        missing = [name for name in self.methods if name not in self.model.methods]
+        if missing:
+            raise InputError(f"{Path(pte_path).name} is not a {self.kind} file (it has no {', '.join(missing)} method)")
+        self.max_seq_len = int(self.model.metadata["get_max_seq_len"])
+
+    def encode(self, inputs: torch.Tensor) -> torch.Tensor:
+        return self.model.run([inputs], "encoder")
+
+    def decode(self, ids: torch.Tensor, encoder_output: torch.Tensor, positions: torch.Tensor) -> torch.Tensor:
+        return self.model.run([ids, encoder_output, positions], "text_decoder")
+
+
+class SpeechFile(EncoderDecoderFile):
+    """A speech ``.pte``'s three methods, ready to transcribe (see :mod:`hub_export.transcribe`)."""
+
+    methods = METHODS
+    kind = "speech"
+
+    def features(self, waveform: torch.Tensor) -> torch.Tensor:
+        return self.model.run([waveform.float().contiguous()], "preprocessor")
+
+
+# -- reference and verification -----------------------------------------------------------------------
+
+
+@dataclass
+class SpeechReference:
+    """The recordings every variant transcribes, and what the fp32 eager model made of them."""
+
+    clips: list[Clip]
+    features: list[torch.Tensor]  # transformers' feature extractor's, [1, mels, 3000] each
+    prompt: list[int]
+    settings: dict
+    tokens: list[list[int]]  # the fp32 eager model's greedy transcript of each clip
+    texts: list[str]
+    max_seq_len: int
+    tokenizer_json: str  # the tokenizer itself, so a cluster node can read transcripts without the source folder
+
+    def text(self, tokens: list[int]) -> str:
+        from tokenizers import Tokenizer
+
+        return Tokenizer.from_str(self.tokenizer_json).decode(tokens, skip_special_tokens=True).strip()
+
+    @property
+    def inputs(self) -> list[Clip]:
+        return self.clips
+
+
+@dataclass
+class SpeechExpected:
+    """What the quantized eager model computes on the reference: encoder outputs, teacher-forced scores."""
+
+    encoder_outputs: list[torch.Tensor]
+    scores: list[torch.Tensor]  # [prompt + transcript tokens, vocab] per clip
+
+
+def reference(model: nn.Module, folder: Path, max_seq_len: int) -> SpeechReference:
+    """Transcribe the shipped recordings with the fp32 eager model, through the loop the file will run."""
+    from transformers import AutoFeatureExtractor
+
+    extractor = AutoFeatureExtractor.from_pretrained(folder)
+    clips = eval_clips()
+    features = [
+        extractor(clip.waveform.numpy(), sampling_rate=SAMPLE_RATE, return_tensors="pt").input_features.float()
+        for clip in clips
+    ]
+    settings = generation_settings(folder)
+    prompt = prompt_ids(settings)
+    wrapped = wrap(model, folder, max_seq_len).eval()
+    with torch.no_grad():
+        tokens = [
+            greedy_tokens(wrapped.encoder, wrapped.text_decoder, f, prompt, settings, max_seq_len) for f in features
+        ]
+    tokenizer_json = (folder / "tokenizer.json").read_text(encoding="utf-8")
+    record = SpeechReference(clips, features, prompt, settings, tokens, [], max_seq_len, tokenizer_json)
+    record.texts = [record.text(ids) for ids in tokens]
+    return record
+
+
+def expected(wrapped: SpeechModel, reference: SpeechReference) -> SpeechExpected:
+    """The quantized eager model's encoder outputs and teacher-forced scores on the reference transcripts."""
+    outputs, scores = [], []
+    with torch.no_grad():
+        for features, tokens in zip(reference.features, reference.tokens, strict=True):
+            cross = wrapped.encoder(features)
+            ids = torch.tensor([reference.prompt + tokens], dtype=torch.long)
+            outputs.append(cross)
+            scores.append(wrapped.text_decoder(ids, cross, torch.arange(ids.shape[1]))[0])
+    return SpeechExpected(outputs, scores)
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
+
+
+def verify_variant(
+    pte_path: str | Path, expected: SpeechExpected, reference: SpeechReference, mode: QMode, qembedding: str | None
+) -> Verification:
+    """Check each method of ``pte_path`` on the shipped recordings and measure its word error rate."""
+    from hub_export.pipeline.verify import MAX_MEAN_KL, MIN_TOP1, TIE_NATS  # the text decoder's bounds, one definition
+
+    kind = mode.tolerance
+    limits = {
+        "max_feature_diff_allowed": MAX_FEATURE_DIFF,
+        "min_encoder_cosine_required": MIN_ENCODER_COSINE[kind],
+        "max_kl_vs_eager_allowed": MAX_MEAN_KL[kind],
+        "min_top1_vs_eager_required": MIN_TOP1[kind],
+    }
+    try:
+        file = SpeechFile(pte_path)
+        measured = _measure(file, expected, reference, TIE_NATS[kind])
+    except (VerificationError, InputError) as error:
+        return Verification(False, failure=f"runtime error: {first_line(error)[:200]}", figures=limits)
+    texts = [reference.text(tokens) for tokens in measured.pop("transcripts")]
+    sentences = [clip.text for clip in reference.clips]
+    figures = {
+        **limits,
+        **measured,
+        "wer": corpus_wer(texts, sentences),
+        "fp32_wer": corpus_wer(reference.texts, sentences),
+        "wer_vs_fp32": corpus_wer(texts, reference.texts),
+    }
+    checks = [
+        (figures["max_feature_diff"] > MAX_FEATURE_DIFF, f"preprocessor features differ from transformers' by "
+         f"{figures['max_feature_diff']:.3g} (allowed {MAX_FEATURE_DIFF})"),
+        (figures["min_encoder_cosine"] < limits["min_encoder_cosine_required"], f"encoder output cosine to eager "
+         f"{figures['min_encoder_cosine']:.4f} is below {limits['min_encoder_cosine_required']}"),
+        (figures["mean_kl_vs_eager"] > limits["max_kl_vs_eager_allowed"], f"mean KL from eager "
+         f"{figures['mean_kl_vs_eager']:.3g} exceeds {limits['max_kl_vs_eager_allowed']:.3g}"),
+        (figures["top1_vs_eager"] < limits["min_top1_vs_eager_required"], f"top-1 agreement with eager "
+         f"{figures['top1_vs_eager']:.0%} is below {limits['min_top1_vs_eager_required']:.0%}"),
+    ]  # fmt: skip
+    failure = next((why for failed, why in checks if failed), None)
+    return Verification(failure is None, positions=int(figures["positions"]), failure=failure, figures=figures)
+
+
+def _measure(file: SpeechFile, expected: SpeechExpected, reference: SpeechReference, tie_nats: float) -> dict:
+    """The file's figures on the reference: features, encoder, teacher-forced scores, transcripts."""
+    feature_diff, cosines, rows, eager_rows, texts = 0.0, [], [], [], []
+    folder_settings = reference.settings
+    for index, clip in enumerate(reference.clips):
+        features = file.features(clip.waveform)
+        feature_diff = max(feature_diff, float((features - reference.features[index]).abs().max()))
+        cross = file.encode(reference.features[index])
+        cosines.append(_cosine(cross, expected.encoder_outputs[index]))
+        ids = torch.tensor([reference.prompt + reference.tokens[index]], dtype=torch.long)
+        rows.append(file.decode(ids, cross, torch.arange(ids.shape[1]))[0])
+        eager_rows.append(expected.scores[index])
+        tokens = greedy_tokens(file.encode, file.decode, features, reference.prompt, folder_settings, file.max_seq_len)
+        texts.append(tokens)
+    agreement = label_figures(torch.cat(rows), torch.cat(eager_rows), tie_nats)
+    return {
+        "clips": float(len(reference.clips)),
+        "positions": float(sum(r.shape[0] for r in rows)),
+        "max_feature_diff": feature_diff,
+        "min_encoder_cosine": min(cosines),
+        "mean_kl_vs_eager": agreement["mean_kl"],
+        "top1_vs_eager": agreement["top1_within_ties"],
+        "transcripts": texts,  # token ids: turned into WER figures by the caller
+    }

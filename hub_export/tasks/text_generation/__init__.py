@@ -1,0 +1,1 @@
+"""Text generation: decoder-only language models with a KV cache."""

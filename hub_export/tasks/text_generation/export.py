@@ -1,0 +1,152 @@
+"""Wrap: make a transformers decoder exportable with an ExecuTorch-friendly KV cache.
+
+The wrapped module has the signature the ExecuTorch LLM runner calls,
+``forward(input_ids[1, seq], cache_position[seq]) -> logits[1, 1, vocab]``, and routes
+attention and cache writes through :mod:`hub_export.tasks.text_generation.kv_cache`: full-attention layers use
+ExecuTorch's fused custom ops (``llama::custom_sdpa`` and ``llama::update_cache``), which
+keep the cache in ``[batch, seq, heads, head_dim]`` layout and mask causally from
+``start_pos`` inside the kernel; sliding-window layers keep a ring buffer of their window.
+
+Only the last position's logits are returned: the runner samples from the last row
+anyway, and skipping the vocabulary projection for every other prompt token makes
+prefill cheaper.
+"""
+
+from __future__ import annotations
+
+import contextlib
+
+import torch
+from torch import nn
+
+from hub_export.patches import delegable_norms, forget_compiled_globals
+from hub_export.tasks.text_generation import kv_cache
+from hub_export.tasks.text_generation.kv_cache import CacheLayout, ForwardContext, KVCache, plan_layers
+
+ATTENTION_NAME = "hub_export_custom_sdpa"
+
+
+def _load_custom_ops() -> None:
+    # Importing registers llama::custom_sdpa / llama::update_cache with torch, and the
+    # out variants of the quantized_decomposed per-token ops an int8 cache lowers to.
+    import executorch.extension.llm.custom_ops.custom_ops
+    import executorch.kernels.quantized  # noqa: F401
+
+
+def custom_sdpa_attention(
+    module, query, key, value, attention_mask, scaling=None, dropout=0.0, sliding_window=None, softcap=None, **kwargs
+):
+    """transformers attention function over the wrapper's :class:`~hub_export.tasks.text_generation.kv_cache.KVCache`.
+
+    ``key``/``value`` are what the cache's ``update`` returned for this layer; the
+    layer's cache layout decides the kernel (see :func:`hub_export.tasks.text_generation.kv_cache.attend`).
+    Returns ``[B, S, H, D]``, the layout transformers expects from attention.
+    """
+    layout = kv_cache.current_cache().layout
+    layer = layout.layers[module.layer_idx]
+    if sliding_window and not layout.unbounded and layer.window != sliding_window and layer.slots > sliding_window:
+        raise RuntimeError(
+            f"layer {module.layer_idx} slides over {sliding_window} positions but its cache "
+            f"was planned for {layer.window}"
+        )
+    return kv_cache.attend(module, query, key, value, scaling, sliding_window, softcap), None
+
+
+def register_attention() -> None:
+    """Register :func:`custom_sdpa_attention` with transformers (idempotent)."""
+    from transformers import AttentionInterface
+
+    _load_custom_ops()
+    AttentionInterface.register(ATTENTION_NAME, custom_sdpa_attention)
+
+
+def set_attention(model: nn.Module, name: str) -> str:
+    """Switch the attention implementation of ``model``; returns the previous one."""
+    previous = model.config._attn_implementation
+    model.config._attn_implementation = name
+    model.config.get_text_config()._attn_implementation = name
+    return previous
+
+
+@contextlib.contextmanager
+def eager_attention(model: nn.Module):
+    """Run ``model`` with transformers' reference ("eager") attention, e.g. for a reference forward.
+
+    The eager implementation is the plain math every other kernel is checked against,
+    and the only one that supports every feature (soft-capping, sliding windows).
+    """
+    previous = set_attention(model, "eager")
+    try:
+        yield model
+    finally:
+        set_attention(model, previous)
+
+
+class ExportableDecoder(nn.Module):
+    """A causal LM plus static KV cache with the ExecuTorch LLM runner's signature.
+
+    Example:
+        >>> wrapped = ExportableDecoder(model, max_seq_len=128)
+        >>> logits = wrapped(torch.tensor([[1, 2, 3]]), torch.arange(3))
+        >>> logits.shape  # last position only
+        torch.Size([1, 1, 32000])
+    """
+
+    def __init__(self, model: nn.Module, max_seq_len: int, layout: CacheLayout | None = None):
+        super().__init__()
+        register_attention()
+        set_attention(model, ATTENTION_NAME)
+        text_config = model.config.get_text_config()
+        self.model = model
+        self.layout = layout or plan_layers(text_config, max_seq_len)
+        self.max_seq_len = self.layout.max_seq_len
+        self.cache = KVCache(self.layout, dtype=model.dtype)
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        start_pos = cache_position[0].item()
+        torch._check(start_pos >= 0)
+        positions = cache_position
+        if self.layout.unbounded:
+            # Attention sink: generation goes on forever; rope positions wrap inside the cache.
+            positions = kv_cache.sink_positions(cache_position, self.layout.sink, self.layout.sink_window)
+        else:
+            torch._check(start_pos < self.max_seq_len)
+        with ForwardContext(self.cache, start_pos):
+            out = self.model(
+                input_ids=input_ids,
+                position_ids=positions.unsqueeze(0),
+                cache=self.cache,
+                use_cache=True,
+                logits_to_keep=1,
+            )
+        return out.logits
+
+
+def needs_strict_tracing(layout: CacheLayout) -> bool:
+    """Whether a cache layout must be exported through TorchDynamo (see :func:`export_program`)."""
+    return layout.unbounded or any(layer.ring or layer.sink or layer.window for layer in layout.layers)
+
+
+def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
+    """``torch.export`` the wrapper with a dynamic sequence length (parallel prefill).
+
+    A model whose every layer keeps a full cache is traced non-strict: its Python runs as
+    it is, with fake tensors, instead of through TorchDynamo's bytecode tracing, which
+    took about 3x longer on 8 SmolLM2 layers for the same graph (the same ``.pte`` bytes:
+    ``tests/test_lower.py``). Ring, windowed and sink caches index their slots with
+    ``min`` over the sequence length, which non-strict tracing turns into guards it
+    cannot prove for every length; those go through TorchDynamo.
+    """
+    max_prefill = wrapped.max_seq_len - 1
+    example_len = min(2, max_prefill)
+    example = (torch.zeros((1, example_len), dtype=torch.long), torch.arange(example_len))
+    dynamic = None
+    if max_prefill > 1:  # a one-token prefill is a static graph
+        seq = torch.export.Dim("seq", min=1, max=max_prefill)
+        dynamic = ({1: seq}, {0: seq})
+    with torch.no_grad(), delegable_norms(wrapped.model), forget_compiled_globals():
+        program = torch.export.export(
+            wrapped, example, dynamic_shapes=dynamic, strict=needs_strict_tracing(wrapped.layout)
+        )
+    wrapped.cache.reset()
+    return program

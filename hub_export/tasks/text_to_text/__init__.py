@@ -1,0 +1,1 @@
+"""Text-to-text: T5-class encoder-decoders."""

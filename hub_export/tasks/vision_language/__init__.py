@@ -1,0 +1,1 @@
+"""Vision-language models: an image and a prompt in, text out."""

@@ -1,0 +1,992 @@
+"""Vision-language models: an image and a prompt in, text out, as one ``.pte`` that ExecuTorch's
+``MultimodalRunner`` runs.
+
+The file has the three methods the runner calls (``extension/llm/runner``):
+
+- ``vision_encoder``: RGB bytes ``[1, 3, size, size]`` (uint8) -> the image's embeddings in the
+  text model's space ``[1, image_tokens, hidden]``. Rescaling and normalising happen inside
+  (the processor's mean and std are baked in), so a device hands the runner the pixels of an
+  image resized to ``size`` x ``size`` and nothing else;
+- ``token_embedding``: token ids ``[1, n]`` -> ``[1, n, hidden]``;
+- ``text_decoder``: embeddings ``[1, n, hidden]`` and their cache positions ``[n]`` -> the
+  last position's next-token scores ``[1, 1, vocab]``, with the same static KV cache, fused
+  attention and sliding-window rings as a text-generation file (:mod:`hub_export.tasks.text_generation.export`).
+
+The runner prefills text, image and text again in order (each image's embeddings take
+``image_tokens`` cache positions), then decodes one token at a time through
+``token_embedding`` and ``text_decoder``. Around each image, the prompt carries the
+family's marker tokens (SmolVLM: ``<fake_token_around_image><global-img>`` ...
+``<fake_token_around_image>``): :func:`prompt_segments` lays them out from the model's chat
+template, where the template writes its image placeholder.
+
+Families differ in how pixels become embeddings (:data:`FAMILIES`): Idefics3/SmolVLM run a
+SigLIP tower and a pixel-shuffle connector; LLaVA a CLIP tower's second-to-last layer and an
+MLP projector; InternVL an InternViT tower, pixel shuffle and an MLP into a Qwen2 decoder. Verification (:func:`verify_variant`) checks each method against the eager
+model with the same quantization on drawn images: the image embeddings' cosine, then the
+decoder's KL and top-1 over the image-and-prompt prefix and a teacher-forced answer; it
+reports what quantization cost against fp32 (same greedy answer, KL, the decoder's text
+perplexity) and runs one image through ``MultimodalRunner`` itself.
+"""
+
+from __future__ import annotations
+
+import contextlib
+import json
+import math
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+from typing import Any
+
+import torch
+from torch import nn
+
+from hub_export.errors import InputError, VerificationError, first_line, opt
+from hub_export.patches import delegable_norms, forget_compiled_globals
+from hub_export.pipeline import quantize
+from hub_export.pipeline.build import token_ids as decoder_token_ids
+from hub_export.pipeline.lower import runner_metadata
+from hub_export.pipeline.manifest import Verification
+from hub_export.pipeline.quantize import QMode
+from hub_export.pipeline.verify import (  # the text decoder's bounds, one definition
+    MAX_MEAN_KL,
+    MIN_TOP1,
+    TIE_NATS,
+    eval_text,
+)
+from hub_export.runtime.process_env import pte_process_env
+from hub_export.tasks.archs import SUPPORTED_MODEL_TYPES
+from hub_export.tasks.encoders import label_figures
+from hub_export.tasks.image_classification.export import draw
+from hub_export.tasks.speech.export import delegable_layer_norms
+from hub_export.tasks.text_generation.chat import render_chat_messages
+from hub_export.tasks.text_generation.export import ATTENTION_NAME, needs_strict_tracing, register_attention
+from hub_export.tasks.text_generation.kv_cache import ForwardContext, KVCache, plan_layers
+
+METHODS = ("vision_encoder", "token_embedding", "text_decoder")
+DEFAULT_SEQ_LEN = 1024
+EVAL_IMAGES = 6
+NEW_TOKENS = 12  # the fp32 model's greedy answer each variant is teacher-forced on
+PERPLEXITY_TOKENS = 128  # of the shipped prose, one decoder step each: the decoder's text perplexity
+MAX_IMAGES = 8  # a prompt's images (each also needs its tokens of the cache)
+# Least cosine of the file's image embeddings to the eager model's (same quantization), by kind of file.
+MIN_FEATURE_COSINE = {"fp32": 0.9999, "weight_only": 0.999, "dynamic": 0.99}
+EXAMPLE_QUESTION = "What is in this picture?"
+EVAL_QUESTIONS = (
+    "What shape is in the picture?",
+    "Which colours do you see?",
+    "Describe this image in one sentence.",
+)
+
+
+# -- families ---------------------------------------------------------------------------------------------
+
+
+@dataclass(frozen=True)
+class Family:
+    """How one vision-language architecture turns pixels into embeddings and where its text model lives."""
+
+    name: str
+    model_types: tuple[str, ...]
+    image_features: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (model, normalised pixels) -> [1, n, d]
+    vision_module: Callable[[nn.Module], nn.Module]  # the tower and connector: quantized with --qmode-encoder
+    language_model: Callable[[nn.Module], nn.Module]  # the decoder body, called with inputs_embeds
+    image_tokens: Callable[[Any], int]  # embeddings one image adds to the prompt
+    image_size: Callable[[Any], int]  # the side of the square the vision tower takes
+    markers: tuple[str, str] = ("", "")  # text the prompt carries before and after each image's embeddings
+    placeholder: str = "<image>"  # what the chat template writes where an image goes
+
+
+def _idefics3_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    # Idefics3's embeddings bucket patch positions for padded images of any size; for one
+    # full square image the positions are simply 0..patches-1, which exports without the
+    # data-dependent bucketing.
+    tower = model.model.vision_model
+    patches = tower.embeddings.patch_embedding(pixels).flatten(2).transpose(1, 2)
+    positions = torch.arange(patches.shape[1], device=pixels.device).unsqueeze(0)
+    # contiguous: the patches are a transposed view, and the connector's pixel shuffle views its input
+    hidden = (patches + tower.embeddings.position_embedding(positions)).contiguous()
+    hidden = tower.encoder(inputs_embeds=hidden).last_hidden_state
+    return model.model.connector(tower.post_layernorm(hidden).contiguous())
+
+
+def _llava_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    config = model.config
+    layers = config.vision_feature_layer
+    out = model.model.vision_tower(pixels, output_hidden_states=True)
+    if isinstance(layers, int):
+        selected = out.hidden_states[layers]
+    else:
+        selected = torch.cat([out.hidden_states[i] for i in layers], dim=-1)
+    if config.vision_feature_select_strategy == "default":
+        selected = selected[:, 1:]  # the [CLS] position is not an image token
+    return model.model.multi_modal_projector(selected)
+
+
+def _llava_tokens(config) -> int:
+    vision = config.vision_config
+    patches = (vision.image_size // vision.patch_size) ** 2
+    return patches + (0 if config.vision_feature_select_strategy == "default" else 1)
+
+
+def _internvl_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
+    config = model.config
+    out = model.model.get_image_features(
+        pixel_values=pixels,
+        vision_feature_layer=config.vision_feature_layer,
+        vision_feature_select_strategy=config.vision_feature_select_strategy,
+    )
+    return out.pooler_output
+
+
+def _side(value) -> int:
+    return int(value[0] if isinstance(value, (list, tuple)) else value)
+
+
+def _internvl_tokens(config) -> int:
+    vision = config.vision_config
+    patches = (_side(vision.image_size) // _side(vision.patch_size)) ** 2
+    return int(patches * config.downsample_ratio**2)
+
+
+def _tower_and_projector(model: nn.Module) -> nn.Module:
+    return nn.ModuleList([model.model.vision_tower, model.model.multi_modal_projector])
+
+
+def _language_model(model: nn.Module) -> nn.Module:
+    return model.model.language_model
+
+
+IDEFICS3 = Family(
+    name="Idefics3 / SmolVLM",
+    model_types=("idefics3", "smolvlm"),
+    image_features=_idefics3_features,
+    vision_module=lambda model: nn.ModuleList([model.model.vision_model, model.model.connector]),
+    language_model=lambda model: model.model.text_model,
+    image_tokens=lambda config: int(
+        (config.vision_config.image_size // config.vision_config.patch_size) ** 2 / config.scale_factor**2
+    ),
+    image_size=lambda config: int(config.vision_config.image_size),
+    markers=("<fake_token_around_image><global-img>", "<fake_token_around_image>"),
+)
+LLAVA = Family(
+    name="LLaVA",
+    model_types=("llava",),
+    image_features=_llava_features,
+    vision_module=_tower_and_projector,
+    language_model=_language_model,
+    image_tokens=_llava_tokens,
+    image_size=lambda config: _side(config.vision_config.image_size),
+)
+INTERNVL = Family(
+    name="InternVL",
+    model_types=("internvl",),
+    image_features=_internvl_features,
+    vision_module=_tower_and_projector,
+    language_model=_language_model,
+    image_tokens=_internvl_tokens,
+    image_size=lambda config: _side(config.vision_config.image_size),
+    markers=("<img>", "</img>"),
+    placeholder="<IMG_CONTEXT>",
+)
+FAMILIES = {model_type: family for family in (IDEFICS3, LLAVA, INTERNVL) for model_type in family.model_types}
+
+
+def family_of(config) -> Family:
+    """The :class:`Family` of a loaded config (or a ``config.json`` dict).
+
+    Raises:
+        InputError: the architecture is not a supported vision-language family.
+    """
+    model_type = config.get("model_type") if isinstance(config, dict) else config.model_type
+    if model_type not in FAMILIES:
+        raise InputError(
+            f"{model_type!r} is not a vision-language family hub-export exports; supported: "
+            f"{', '.join(sorted(FAMILIES))} (see `hub-export archs`)"
+        )
+    return FAMILIES[model_type]
+
+
+# -- the file's methods -------------------------------------------------------------------------------------
+
+
+def _processor_settings(folder: Path | None) -> dict:
+    try:
+        settings = json.loads((Path(folder) / "preprocessor_config.json").read_text(encoding="utf-8"))
+    except (OSError, ValueError, TypeError):
+        settings = {}
+    return settings if isinstance(settings, dict) else {}
+
+
+def _channel_stats(settings: dict, key: str, default: float) -> list[float]:
+    value = settings.get(key, default)
+    values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)] * 3
+    if len(values) != 3 or not all(math.isfinite(v) for v in values):
+        raise InputError(f"preprocessor_config.json has an unusable {key}: {value!r}; expected three numbers")
+    return values
+
+
+class VisionEncoder(nn.Module):
+    """``vision_encoder``: RGB bytes ``[1, 3, size, size]`` -> image embeddings ``[1, tokens, hidden]``."""
+
+    def __init__(self, model: nn.Module, family: Family, folder: Path | None):
+        super().__init__()
+        settings = _processor_settings(folder)
+        self.model, self.family = model, family
+        scale = float(settings.get("rescale_factor", 1 / 255))
+        mean = torch.tensor(_channel_stats(settings, "image_mean", 0.5)).view(1, 3, 1, 1)
+        std = torch.tensor(_channel_stats(settings, "image_std", 0.5)).view(1, 3, 1, 1)
+        # (x * scale - mean) / std, folded into one multiply-add
+        self.register_buffer("gain", scale / std, persistent=False)
+        self.register_buffer("offset", -mean / std, persistent=False)
+
+    def normalise(self, image: torch.Tensor) -> torch.Tensor:
+        return image.to(torch.float32) * self.gain + self.offset
+
+    def forward(self, image: torch.Tensor) -> torch.Tensor:
+        return self.family.image_features(self.model, self.normalise(image))
+
+
+class TokenEmbedding(nn.Module):
+    """``token_embedding``: token ids ``[1, n]`` -> ``[1, n, hidden]`` (Gemma-style scaling included)."""
+
+    def __init__(self, model: nn.Module):
+        super().__init__()
+        self.embed = model.get_input_embeddings()
+
+    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
+        return self.embed(input_ids)
+
+
+class EmbeddingsDecoder(nn.Module):
+    """``text_decoder``: embeddings ``[1, n, hidden]`` and cache positions ``[n]`` -> scores ``[1, 1, vocab]``.
+
+    The cache and attention are a text-generation file's (:class:`hub_export.tasks.text_generation.export.ExportableDecoder`);
+    only the text model's attention is switched to the fused kernel, the vision tower keeps its own.
+    """
+
+    def __init__(self, model: nn.Module, family: Family, max_seq_len: int):
+        super().__init__()
+        register_attention()
+        text_config = model.config.get_text_config()
+        text_config._attn_implementation = ATTENTION_NAME
+        self.model = family.language_model(model)
+        self.lm_head = model.lm_head
+        self.layout = plan_layers(text_config, max_seq_len)
+        self.max_seq_len = self.layout.max_seq_len
+        self.cache = KVCache(self.layout, dtype=torch.float32)
+
+    def forward(self, inputs_embeds: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        start_pos = cache_position[0].item()
+        torch._check(start_pos >= 0)
+        torch._check(start_pos < self.max_seq_len)
+        with ForwardContext(self.cache, start_pos):
+            hidden = self.model(
+                inputs_embeds=inputs_embeds,
+                position_ids=cache_position.unsqueeze(0),
+                cache=self.cache,
+                use_cache=True,
+            ).last_hidden_state
+        return self.lm_head(hidden[:, -1:])
+
+
+class VisionLanguageModel(nn.Module):
+    """The three methods of a vision-language file, as one module tree."""
+
+    def __init__(self, model: nn.Module, folder: Path | None, max_seq_len: int):
+        super().__init__()
+        self.config = model.config
+        self.family = family_of(model.config)
+        self.vision_encoder = VisionEncoder(model, self.family, folder)
+        self.token_embedding = TokenEmbedding(model)
+        self.text_decoder = EmbeddingsDecoder(model, self.family, max_seq_len)
+
+    @property
+    def image_size(self) -> int:
+        return self.family.image_size(self.config)
+
+    @property
+    def image_tokens(self) -> int:
+        return self.family.image_tokens(self.config)
+
+
+def _zero_cache(wrapped: VisionLanguageModel) -> None:
+    wrapped.text_decoder.cache.reset()
+
+
+# -- the encoder-task stages ----------------------------------------------------------------------------
+
+
+def seq_len(folder: Path, config: dict, requested: int | None) -> int:
+    """The decoder's cache: ``requested`` or :data:`DEFAULT_SEQ_LEN`, and room for at least one image and a prompt."""
+    family = family_of(config)
+    from transformers import AutoConfig
+
+    loaded = AutoConfig.from_pretrained(folder)
+    text_type = loaded.get_text_config().model_type
+    if text_type not in SUPPORTED_MODEL_TYPES["text-generation"]:
+        raise InputError(
+            f"{loaded.model_type}'s text model is {text_type!r}, not a decoder hub-export exports; supported: "
+            f"{', '.join(sorted(SUPPORTED_MODEL_TYPES['text-generation']))} (see `hub-export archs`)"
+        )
+    need = family.image_tokens(loaded) + 32
+    length = requested or max(DEFAULT_SEQ_LEN, need)
+    if length < need:
+        raise InputError(
+            f"{opt('max_seq_len')} {length} leaves no room for an image: one takes {family.image_tokens(loaded)} "
+            f"positions; pass at least {need}",
+            param="max_seq_len",
+        )
+    return length
+
+
+def wrap(model: nn.Module, folder: Path, max_seq_len: int = DEFAULT_SEQ_LEN) -> VisionLanguageModel:
+    return VisionLanguageModel(model, folder, max_seq_len)
+
+
+def export(wrapped: VisionLanguageModel, max_seq_len: int) -> dict[str, torch.export.ExportedProgram]:
+    """The three methods: a fixed image size, a dynamic number of tokens (prefill) for the other two.
+
+    The vision tower is traced with transformers' eager attention (matmul, softmax, matmul) and its LayerNorms in
+    the 4D shape XNNPACK delegates: SDPA's decomposition leaves mask arithmetic (``eq``, ``any``, ``where``) and
+    ``native_layer_norm`` outside XNNPACK, which split SmolVLM's 12-layer tower into 50 partitions.
+    """
+    tokens = torch.export.Dim("tokens", min=1, max=wrapped.text_decoder.max_seq_len - 1)
+    image = torch.zeros(1, 3, wrapped.image_size, wrapped.image_size, dtype=torch.uint8)
+    ids = torch.zeros(1, 2, dtype=torch.long)
+    with torch.no_grad(), delegable_norms(wrapped), forget_compiled_globals():
+        embeds = wrapped.token_embedding(ids)
+        with vision_attention(wrapped, "eager"), delegable_layer_norms(wrapped.vision_encoder):
+            vision = torch.export.export(wrapped.vision_encoder, (image,), strict=False)
+        programs = {
+            "vision_encoder": vision,
+            "token_embedding": torch.export.export(
+                wrapped.token_embedding, (ids,), dynamic_shapes=({1: tokens},), strict=False
+            ),
+            "text_decoder": torch.export.export(
+                wrapped.text_decoder,
+                (embeds, torch.arange(2)),
+                dynamic_shapes=({1: tokens}, {0: tokens}),
+                strict=_strict(wrapped.text_decoder.layout),
+            ),
+        }
+    _zero_cache(wrapped)
+    return programs
+
+
+@contextlib.contextmanager
+def vision_attention(wrapped: VisionLanguageModel, name: str):
+    """Run the vision tower with attention implementation ``name`` (transformers reads it at every forward)."""
+    config = wrapped.config.vision_config
+    previous = config._attn_implementation
+    config._attn_implementation = name
+    try:
+        yield
+    finally:
+        config._attn_implementation = previous
+
+
+def _strict(layout) -> bool:
+    return needs_strict_tracing(layout)
+
+
+def token_ids(model: nn.Module) -> tuple[int | None, list[int]]:
+    return decoder_token_ids(model)
+
+
+def metadata(model: nn.Module, folder: Path, max_seq_len: int) -> dict[str, Any]:
+    """What ``MultimodalRunner`` reads (``extension/llm/runner/constants.h``), plus the image's geometry."""
+    family = family_of(model.config)
+    bos, eos = token_ids(model)
+    values = runner_metadata(
+        max_seq_len=max_seq_len,
+        bos_id=bos,
+        eos_ids=eos,
+        vocab_size=int(model.config.get_text_config().vocab_size),
+        dynamic_shape=True,
+    )
+    values.update(
+        {
+            "get_image_size": family.image_size(model.config),
+            "get_image_tokens": family.image_tokens(model.config),
+            "get_max_images": MAX_IMAGES,
+        }
+    )
+    return values
+
+
+def source_record(model: nn.Module, folder: Path) -> dict[str, Any]:
+    """The family, the image geometry and the text around one image in a chat turn (for the card's snippet)."""
+    family = family_of(model.config)
+    record = {
+        "methods": list(METHODS),
+        "family": family.name,
+        "image_size": family.image_size(model.config),
+        "image_tokens": family.image_tokens(model.config),
+        "max_images": MAX_IMAGES,
+    }
+    try:
+        segments = prompt_segments(render_chat(folder, EXAMPLE_QUESTION, 1), family, 1)
+    except InputError:
+        return record
+    if len(segments) == 3:
+        record["image_prompt"] = [segments[0], segments[2]]
+    return record
+
+
+def quantize_model(model: nn.Module, qmode: str, options) -> list[str]:
+    """``qmode`` for the text model's linear layers (``options.qmode_encoder`` for the vision tower and connector),
+    ``qembedding`` for the token table; the patch convolution stays float."""
+    family = family_of(model.config)
+    quantize.drop_padding_index(model)
+    vision = family.vision_module(model)
+    text = family.language_model(model)
+    quantize.quantize_embeddings(text, options.qembedding)
+    fallback = quantize.quantize_linears(vision, options.qmode_encoder or qmode, options.group_size)
+    fallback += quantize.quantize_linears(model, qmode, options.group_size, exclude=tuple(vision.modules()))
+    return fallback
+
+
+# -- prompts -------------------------------------------------------------------------------------------------
+
+
+@dataclass
+class Prompt:
+    """A prompt as the runner takes it: token ids and images, in order (an image is its index in ``images``)."""
+
+    parts: list[list[int] | int]
+    images: list[torch.Tensor]  # uint8 [1, 3, size, size] each
+
+    @property
+    def text_tokens(self) -> int:
+        return sum(len(p) for p in self.parts if isinstance(p, list))
+
+
+def render_chat(folder: Path, question: str, images: int, system: str | None = None) -> str:
+    """The chat template's user turn: ``images`` image placeholders, then ``question``, then the assistant's cue."""
+    content = [{"type": "image"} for _ in range(images)] + [{"type": "text", "text": question}]
+    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
+    return render_chat_messages(folder, [*messages, {"role": "user", "content": content}])
+
+
+def prompt_segments(text: str, family: Family, images: int) -> list[str | None]:
+    """``text`` split at the template's image placeholders, with each image's marker text around it; None: an image.
+
+    Raises:
+        InputError: the template did not write one placeholder per image.
+    """
+    pieces = text.split(family.placeholder)
+    if len(pieces) != images + 1:
+        raise InputError(
+            f"the chat template wrote {len(pieces) - 1} image placeholders ({family.placeholder}) for {images} images"
+        )
+    before, after = family.markers
+    segments: list[str | None] = [pieces[0]]
+    for piece in pieces[1:]:
+        segments[-1] += before
+        segments += [None, after + piece]
+    return [s for s in segments if s != ""]
+
+
+def load_image(path_or_image, size: int) -> torch.Tensor:
+    """An image file (or PIL image) as the file's input: RGB, resized to ``size`` x ``size``, uint8 ``[1, 3, s, s]``.
+
+    Raises:
+        InputError: the file is missing, is not an image, or is animated (video is not supported).
+    """
+    import numpy as np
+    from PIL import Image, UnidentifiedImageError
+
+    image = path_or_image
+    if not isinstance(image, Image.Image):
+        path = Path(path_or_image)
+        if not path.is_file():
+            raise InputError(f"no image at {path}; pass a PNG, JPEG or WebP file")
+        try:
+            image = Image.open(path)
+            image.load()
+        except (UnidentifiedImageError, OSError, ValueError) as error:
+            raise InputError(f"{path.name} is not an image this can read ({first_line(error)[:80]}); pass a PNG, "
+                             "JPEG or WebP file") from None  # fmt: skip
+        if getattr(image, "n_frames", 1) > 1:
+            raise InputError(f"{path.name} has {image.n_frames} frames: video input is not supported; pass one still "
+                             "image per --image")  # fmt: skip
+    resized = image.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
+    return torch.from_numpy(np.asarray(resized).copy()).permute(2, 0, 1).unsqueeze(0).contiguous()
+
+
+def build_prompt(
+    folder: Path,
+    family: Family,
+    question: str,
+    images: list[torch.Tensor],
+    tokenizer,
+    chat: bool = True,
+    system: str | None = None,
+) -> Prompt:
+    """A :class:`Prompt` for ``question`` about ``images``: the chat template's turn, or (``chat=False``) each
+    image's markers followed by ``question`` as it is."""
+    if len(images) > MAX_IMAGES:
+        raise InputError(f"{len(images)} images in one prompt; a file takes at most {MAX_IMAGES}", param="image")
+    if chat:
+        text = render_chat(folder, question, len(images), system)
+    else:
+        text = family.placeholder * len(images) + question
+    parts: list[list[int] | int] = []
+    index = 0
+    for segment in prompt_segments(text, family, len(images)):
+        if segment is None:
+            parts.append(index)
+            index += 1
+        else:
+            parts.append(tokenizer.encode(segment, add_special_tokens=False).ids)
+    return Prompt(parts, images)
+
+
+# -- running a prompt: the eager wrapper and the file share one loop ----------------------------------------
+
+
+class _Steps:
+    """The three methods of either the eager wrapper or a ``.pte`` (see :class:`VisionLanguageFile`)."""
+
+    def vision(self, image: torch.Tensor) -> torch.Tensor: ...
+    def embed(self, ids: torch.Tensor) -> torch.Tensor: ...
+    def decode(self, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
+
+
+class EagerSteps(_Steps):
+    """The eager wrapper's methods (its attention runs ExecuTorch's custom ops' eager kernels, whose log lines
+    about allocators are kept off the terminal)."""
+
+    def __init__(self, wrapped: VisionLanguageModel):
+        self.wrapped = wrapped
+
+    def vision(self, image):
+        with torch.no_grad():
+            return self.wrapped.vision_encoder(image)
+
+    def embed(self, ids):
+        with torch.no_grad():
+            return self.wrapped.token_embedding(ids)
+
+    def decode(self, embeds, positions):
+        from hub_export.runtime.pte import quiet_native_output  # the ExecuTorch runtime: loaded when a file is run
+
+        with torch.no_grad(), quiet_native_output():
+            return self.wrapped.text_decoder(embeds, positions)
+
+
+class VisionLanguageFile(_Steps):
+    """A vision-language ``.pte``, ready to run its methods (see :mod:`hub_export.runtime.pte`)."""
+
+    def __init__(self, pte_path):
+        from hub_export.runtime.pte import PteModel  # the ExecuTorch runtime: loaded when a file is run
+
+        self.model = pte_path if isinstance(pte_path, PteModel) else PteModel(pte_path)
+        missing = [name for name in METHODS if name not in self.model.methods]
+        if missing:
+            raise InputError(
+                f"{self.model.path.name} is not a vision-language file (it has no {', '.join(missing)} method)"
+            )
+        self.max_seq_len = int(self.model.metadata["get_max_seq_len"])
+        self.image_size = int(self.model.metadata["get_image_size"])
+        self.image_tokens = int(self.model.metadata["get_image_tokens"])
+
+    def vision(self, image):
+        if tuple(image.shape) != (1, 3, self.image_size, self.image_size):
+            raise InputError(f"this file takes images of {self.image_size}x{self.image_size}; resize it first")
+        return self.model.run([image], "vision_encoder")
+
+    def embed(self, ids):
+        return self.model.run([ids], "token_embedding")
+
+    def decode(self, embeds, positions):
+        return self.model.run([embeds, positions], "text_decoder")
+
+
+class GenerationRun:
+    """A prompt with images, ready for :func:`hub_export.tasks.text_generation.run.stream_generate`'s loop: ``prefill()`` and
+    ``step(token, position)`` over a vision-language file's methods.
+
+    Raises:
+        InputError: an image cannot be read, too many images, or the prompt does not fit the file's context.
+    """
+
+    def __init__(self, model, folder: Path, tokenizer, question: str, images: list, chat: bool, system: str | None):
+        try:
+            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
+        except (OSError, ValueError):
+            raise InputError(f"no readable config.json in {folder.name}/; pass the export folder") from None
+        self.file = VisionLanguageFile(model)
+        self.family = family_of(config if isinstance(config, dict) else {})
+        if len(images) > MAX_IMAGES:
+            raise InputError(f"{len(images)} images in one prompt; a file takes at most {MAX_IMAGES}", param="image")
+        pixels = [load_image(image, self.file.image_size) for image in images]
+        self.prompt = build_prompt(folder, self.family, question, pixels, tokenizer, chat, system)
+        self.ids = [token for part in self.prompt.parts if isinstance(part, list) for token in part]
+        self.max_len = self.file.max_seq_len
+        self.eos = set(self.file.model.metadata.get("get_eos_ids", []))
+        needed = self.prompt.text_tokens + len(pixels) * self.file.image_tokens
+        if needed >= self.max_len:
+            raise InputError(
+                f"the prompt takes {needed} positions ({len(pixels)} images of {self.file.image_tokens} and "
+                f"{self.prompt.text_tokens} text tokens); this file holds at most {self.max_len - 1}: use fewer "
+                "images or a shorter prompt"
+            )
+
+    def prefill(self):
+        import time
+
+        started = time.perf_counter()
+        scores, position, _ = prefill(self.file, self.prompt)
+        return scores, time.perf_counter() - started, position
+
+    def step(self, token: int, position: int) -> torch.Tensor:
+        return self.file.decode(self.file.embed(torch.tensor([[token]])), torch.tensor([position]))[0, -1]
+
+
+def prefill(steps: _Steps, prompt: Prompt) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
+    """Run ``prompt`` through ``steps`` part by part, as the runner does: (last scores, positions used, image
+    embeddings)."""
+    position, scores, features = 0, None, []
+    for part in prompt.parts:
+        if isinstance(part, int):
+            embeds = steps.vision(prompt.images[part])
+            features.append(embeds)
+        else:
+            embeds = steps.embed(torch.tensor([part], dtype=torch.long))
+        count = embeds.shape[1]
+        scores = steps.decode(embeds, torch.arange(position, position + count))
+        position += count
+    return scores[0, -1], position, features
+
+
+def greedy(steps: _Steps, prompt: Prompt, new_tokens: int, eos: set[int], max_seq_len: int) -> list[int]:
+    """Greedy answer tokens (EOS excluded) to ``prompt``."""
+    return greedy_until(steps, prompt, new_tokens, eos, max_seq_len)[0]
+
+
+def greedy_until(
+    steps: _Steps, prompt: Prompt, new_tokens: int, eos: set[int], max_seq_len: int
+) -> tuple[list[int], int | None]:
+    """(greedy answer tokens to ``prompt``, the end token that stopped them, or None)."""
+    scores, position, _ = prefill(steps, prompt)
+    tokens: list[int] = []
+    while len(tokens) < new_tokens and position < max_seq_len:
+        token = int(scores.argmax())
+        if token in eos:
+            return tokens, token
+        tokens.append(token)
+        scores = steps.decode(steps.embed(torch.tensor([[token]])), torch.tensor([position]))[0, -1]
+        position += 1
+    return tokens, None
+
+
+def teacher_forced(steps: _Steps, prompt: Prompt, answer: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
+    """Scores ``[len(answer) + 1, vocab]``: after the prompt, then after each answer token; and the image embeddings."""
+    scores, position, features = prefill(steps, prompt)
+    rows = [scores]
+    for token in answer:
+        rows.append(steps.decode(steps.embed(torch.tensor([[token]])), torch.tensor([position]))[0, -1])
+        position += 1
+    return torch.stack(rows).float(), features
+
+
+def text_scores(steps: _Steps, ids: list[int]) -> torch.Tensor:
+    """The decoder's next-token scores after each of ``ids`` (no image), one step at a time: ``[len(ids), vocab]``."""
+    rows = []
+    for position, token in enumerate(ids):
+        rows.append(steps.decode(steps.embed(torch.tensor([[token]])), torch.tensor([position]))[0, -1])
+    return torch.stack(rows).float()
+
+
+def perplexity(scores: torch.Tensor, ids: list[int]) -> float:
+    logprobs = torch.log_softmax(scores[:-1].double(), -1)
+    target = torch.tensor(ids[1:]).unsqueeze(1)
+    return float(torch.exp(-logprobs.gather(1, target).mean()))
+
+
+# -- reference and verification ---------------------------------------------------------------------------
+
+
+@dataclass
+class VisionLanguageReference:
+    """The drawn images and questions every variant answers, and the fp32 eager model's answers."""
+
+    items: list[str]  # what each image shows, in words
+    prompts: list[Prompt]
+    answers: list[list[int]]  # fp32 eager's greedy answer tokens
+    scores: list[torch.Tensor]  # fp32 eager's teacher-forced scores
+    features: list[torch.Tensor]  # fp32 eager's image embeddings
+    text_ids: list[int]  # shipped prose for the decoder's perplexity
+    fp32_perplexity: float
+    eos: list[int]
+    max_seq_len: int
+    tokenizer_json: str
+
+    @property
+    def inputs(self) -> list[Prompt]:
+        return self.prompts
+
+
+@dataclass
+class VisionLanguageExpected:
+    """The quantized eager model's image embeddings and teacher-forced scores on the reference."""
+
+    features: list[torch.Tensor]
+    scores: list[torch.Tensor]
+
+
+def eval_prompts(folder: Path, family: Family, size: int, tokenizer) -> tuple[list[str], list[Prompt]]:
+    items, prompts = [], []
+    for index in range(EVAL_IMAGES):
+        image, what = draw(index, size)
+        items.append(what)
+        question = EVAL_QUESTIONS[index % len(EVAL_QUESTIONS)]
+        prompts.append(build_prompt(folder, family, question, [load_image(image, size)], tokenizer))
+    return items, prompts
+
+
+def _eval_text_ids(tokenizer) -> list[int]:
+    return tokenizer.encode(eval_text(), add_special_tokens=False).ids[:PERPLEXITY_TOKENS]
+
+
+def reference(model: nn.Module, folder: Path, max_seq_len: int) -> VisionLanguageReference:
+    """Answer the drawn images with the fp32 eager model, through the loop the file will run."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_file(str(folder / "tokenizer.json"))
+    wrapped = wrap(model, folder, max_seq_len).eval()
+    steps = EagerSteps(wrapped)
+    items, prompts = eval_prompts(folder, wrapped.family, wrapped.image_size, tokenizer)
+    _, eos = token_ids(model)
+    answers, scores, features = [], [], []
+    for prompt in prompts:
+        answer = greedy(steps, prompt, NEW_TOKENS, set(eos), max_seq_len)
+        rows, embeds = teacher_forced(steps, prompt, answer)
+        answers.append(answer)
+        scores.append(rows)
+        features.append(torch.cat(embeds, dim=1))
+    text_ids = _eval_text_ids(tokenizer)
+    fp32_perplexity = perplexity(text_scores(steps, text_ids), text_ids)
+    _zero_cache(wrapped)
+    tokenizer_json = (folder / "tokenizer.json").read_text(encoding="utf-8")
+    return VisionLanguageReference(items, prompts, answers, scores, features, text_ids, fp32_perplexity, eos,
+                                   max_seq_len, tokenizer_json)  # fmt: skip
+
+
+def expected(wrapped: VisionLanguageModel, reference: VisionLanguageReference) -> VisionLanguageExpected:
+    steps = EagerSteps(wrapped)
+    features, scores = [], []
+    for prompt, answer in zip(reference.prompts, reference.answers, strict=True):
+        rows, embeds = teacher_forced(steps, prompt, answer)
+        scores.append(rows)
+        features.append(torch.cat(embeds, dim=1))
+    _zero_cache(wrapped)
+    return VisionLanguageExpected(features, scores)
+
+
+def _decode(reference: VisionLanguageReference, tokens: list[int]) -> str:
+    """``tokens`` as the runner prints them: each token's bytes, leaving out a token that is one byte but neither
+    printable nor a space (the runner's ``safe_printf`` skips those), decoded with replacement as
+    :func:`runner_generate` decodes the runner's output."""
+    from tokenizers import Tokenizer
+
+    tokenizer = Tokenizer.from_str(reference.tokenizer_json)
+    byte_level = json.loads(reference.tokenizer_json).get("decoder", {}) or {}
+    byte_level = byte_level.get("type") == "ByteLevel"
+    out = bytearray()
+    for token in tokens:
+        raw = token_bytes(tokenizer, token, byte_level)
+        if len(raw) == 1 and not (32 <= raw[0] < 127 or raw[0] in b" \t\n\v\f\r"):
+            continue
+        out += raw
+    return out.decode(errors="replace")
+
+
+def token_bytes(tokenizer, token: int, byte_level: bool) -> bytes:
+    """The bytes a token stands for: a byte-fallback piece (``<0xAB>``), a byte-level BPE piece mapped back
+    through GPT-2's byte alphabet, or the decoded text."""
+    piece = tokenizer.id_to_token(token) or ""
+    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
+        return bytes([int(piece[3:5], 16)])
+    if byte_level and all(ch in _BYTE_OF for ch in piece):
+        return bytes(_BYTE_OF[ch] for ch in piece)
+    return tokenizer.decode([token], skip_special_tokens=False).encode()
+
+
+def _byte_alphabet() -> dict[str, int]:
+    # GPT-2's reversible map from bytes to printable characters, inverted.
+    kept = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
+    chars, extra = {}, 0
+    for byte in range(256):
+        if byte in kept:
+            chars[chr(byte)] = byte
+        else:
+            chars[chr(256 + extra)] = byte
+            extra += 1
+    return chars
+
+
+_BYTE_OF = _byte_alphabet()
+
+
+def _checks(figures: dict, limits: dict) -> list[tuple[bool, str]]:
+    """(failed, why) of each pass/fail check against the eager model with the same quantization."""
+    return [
+        (figures["min_feature_cosine"] < limits["min_feature_cosine_required"], f"image embeddings' cosine to eager "
+         f"{figures['min_feature_cosine']:.4f} is below {limits['min_feature_cosine_required']}"),
+        (figures["mean_kl_vs_eager"] > limits["max_kl_vs_eager_allowed"], f"mean KL from eager "
+         f"{figures['mean_kl_vs_eager']:.3g} exceeds {limits['max_kl_vs_eager_allowed']:.3g}"),
+        (figures["top1_vs_eager"] < limits["min_top1_vs_eager_required"], f"top-1 agreement with eager "
+         f"{figures['top1_vs_eager']:.0%} is below {limits['min_top1_vs_eager_required']:.0%}"),
+    ]  # fmt: skip
+
+
+def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
+    return float(nn.functional.cosine_similarity(a.flatten().double(), b.flatten().double(), dim=0))
+
+
+def verify_variant(
+    pte_path: str | Path,
+    expected: VisionLanguageExpected,
+    reference: VisionLanguageReference,
+    mode: QMode,
+    qembedding: str | None,
+    runner_check: bool = True,
+) -> Verification:
+    """Each method against quantized eager (pass/fail), the answers against fp32's (quality), one prompt in
+    ``MultimodalRunner``."""
+    kind = mode.tolerance
+    limits = {
+        "min_feature_cosine_required": MIN_FEATURE_COSINE[kind],
+        "max_kl_vs_eager_allowed": MAX_MEAN_KL[kind],
+        "min_top1_vs_eager_required": MIN_TOP1[kind],
+    }
+    try:
+        file = VisionLanguageFile(pte_path)
+        rows, cosines, answers, stops = [], [], [], []
+        for index, prompt in enumerate(reference.prompts):
+            scores, embeds = teacher_forced(file, prompt, reference.answers[index])
+            rows.append(scores)
+            cosines.append(_cosine(torch.cat(embeds, dim=1), expected.features[index]))
+            answer, stop = greedy_until(file, prompt, NEW_TOKENS, set(reference.eos), file.max_seq_len)
+            answers.append(answer)
+            stops.append(stop)
+        text = text_scores(file, reference.text_ids)
+        runner = runner_answer(pte_path, reference) if runner_check else None
+    except (VerificationError, InputError) as error:
+        return Verification(False, failure=f"runtime error: {first_line(error)[:200]}", figures=limits)
+    eager = label_figures(torch.cat(rows), torch.cat(expected.scores), TIE_NATS[kind])
+    fp32 = label_figures(torch.cat(rows), torch.cat(reference.scores), TIE_NATS[kind])
+    same = [a == b for a, b in zip(answers, reference.answers, strict=True)]
+    figures = {
+        **limits,
+        "images": float(len(rows)),
+        "min_feature_cosine": min(cosines),
+        "mean_kl_vs_eager": eager["mean_kl"],
+        "top1_vs_eager": eager["top1_within_ties"],
+        "image_kl_vs_fp32": fp32["mean_kl"],
+        "image_top1_vs_fp32": fp32["top1"],
+        "same_answer_as_fp32": sum(same) / len(same),
+        "perplexity": perplexity(text, reference.text_ids),
+        "fp32_perplexity": reference.fp32_perplexity,
+    }
+    figures["perplexity_ratio"] = figures["perplexity"] / reference.fp32_perplexity
+    checks = _checks(figures, limits)
+    if runner is not None:
+        # What the runner prints: the answer, then the end token's text where one stopped it (the runner prints
+        # it, and when the very first token is an end token it goes on generating after it).
+        own = _decode(reference, answers[0] + ([stops[0]] if stops[0] is not None else []))
+        figures["runner_matches"] = float(runner.startswith(own))
+        checks.append((not runner.startswith(own), f"MultimodalRunner answered {runner[:40]!r}, the file's own loop "
+                       f"{own[:40]!r}"))  # fmt: skip
+    failure = next((why for failed, why in checks if failed), None)
+    positions = int(sum(r.shape[0] for r in rows))
+    return Verification(failure is None, positions=positions, failure=failure, figures=figures)
+
+
+# -- MultimodalRunner ----------------------------------------------------------------------------------------
+
+
+RUNNER_TIMEOUT_S = 600.0
+MULTIMODAL_PROBE = Path(__file__).with_name("multimodal_probe.py")
+
+
+def runner_generate(pte_path: str | Path, tokenizer_json: str | Path, prompt: Prompt, max_new_tokens: int) -> dict:
+    """Generate greedily with ExecuTorch's ``MultimodalRunner`` in a fresh process (``multimodal_probe.py``):
+    {"text": the answer's bytes decoded with replacement, "stats": the runner's own figures}.
+
+    Raises:
+        VerificationError: the runner fails on the file.
+    """
+    import subprocess
+    import sys
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hub-export-runner-") as scratch:
+        parts = []
+        for index, part in enumerate(prompt.parts):
+            if isinstance(part, int):
+                image = prompt.images[part][0]
+                path = Path(scratch) / f"image-{index}.rgb"
+                path.write_bytes(image.contiguous().numpy().tobytes())
+                parts.append({"image": str(path), "size": int(image.shape[-1])})
+            else:
+                parts.append({"tokens": list(part)})
+        (Path(scratch) / "parts.json").write_text(json.dumps(parts))
+        out = Path(scratch) / "stats.json"
+        command = [sys.executable, str(MULTIMODAL_PROBE), str(pte_path), str(tokenizer_json), str(int(max_new_tokens)),
+                   str(Path(scratch) / "parts.json"), str(out)]  # fmt: skip
+        try:
+            done = subprocess.run(command, capture_output=True, env=pte_process_env(), timeout=RUNNER_TIMEOUT_S)
+        except subprocess.TimeoutExpired:
+            raise VerificationError(f"MultimodalRunner did not finish within {RUNNER_TIMEOUT_S:.0f} s") from None
+        if done.returncode != 0 or not out.is_file():
+            lines = [line for line in done.stderr.decode(errors="replace").splitlines() if line.strip()]
+            why = lines[-1].strip() if lines else f"it exited with status {done.returncode}"
+            raise VerificationError(f"MultimodalRunner failed on {Path(pte_path).name}: {why[:200]}")
+        # The runner prints the answer, then a newline and its stats line ("PyTorchObserver {...}").
+        text = done.stdout.decode(errors="replace")
+        text = text[: text.rfind("PyTorchObserver")] if "PyTorchObserver" in text else text
+        return {"text": text.removesuffix("\n"), "stats": json.loads(out.read_text())}
+
+
+def measure_memory(pte_path: str | Path, reference: VisionLanguageReference) -> dict[str, Any]:
+    """The runner's memory at full context: an image and enough text to fill every cache position but the last,
+    then one new token; the growth of the runner process's peak resident memory over what its imports held."""
+    import tempfile
+    import time
+
+    from hub_export.runtime.pte import PteModel  # the ExecuTorch runtime: loaded when a file is run
+
+    metadata = PteModel(pte_path).metadata
+    max_seq_len, image_tokens = int(metadata["get_max_seq_len"]), int(metadata["get_image_tokens"])
+    filler = max_seq_len - image_tokens - 2
+    text = (reference.text_ids * (filler // max(len(reference.text_ids), 1) + 1))[:filler]
+    image = reference.prompts[0].images[0]
+    prompt = Prompt([text, 0], [image])
+    started = time.perf_counter()
+    with tempfile.TemporaryDirectory(prefix="hub-export-memory-") as scratch:
+        path = Path(scratch) / "tokenizer.json"
+        path.write_text(reference.tokenizer_json, encoding="utf-8")
+        stats = runner_generate(pte_path, path, prompt, 1)["stats"]
+    growth = (stats.get("peak_rss_kib", 0) - stats.get("baseline_rss_kib", 0)) * 1024
+    return {"peak_rss_bytes": max(growth, 0), "context_tokens": max_seq_len,
+            "seconds": round(time.perf_counter() - started, 2)}  # fmt: skip
+
+
+def kv_cache_record(model: nn.Module, max_seq_len: int) -> dict[str, Any]:
+    """The text decoder's KV cache layout, as a text-generation file's manifest records it."""
+    return {**plan_layers(model.config.get_text_config(), max_seq_len).to_dict(), "sliding": "ring"}
+
+
+def runner_answer(pte_path: str | Path, reference: VisionLanguageReference) -> str:
+    """The runner's greedy answer to the first reference prompt, at most :data:`NEW_TOKENS` tokens."""
+    import tempfile
+
+    with tempfile.TemporaryDirectory(prefix="hub-export-runner-") as scratch:
+        path = Path(scratch) / "tokenizer.json"
+        path.write_text(reference.tokenizer_json, encoding="utf-8")
+        # As many new tokens as the file's own greedy answer may have (not fp32's, which may stop sooner).
+        return runner_generate(pte_path, path, reference.prompts[0], NEW_TOKENS)["text"]
