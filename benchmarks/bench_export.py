@@ -249,7 +249,7 @@ def main() -> None:
     if args.model == "smollm2":
         from transformers import AutoConfig
 
-        from hub_export.models.tiny import packaged_smollm2
+        from hub_export.models.packaged import packaged_smollm2
         from hub_export.pipeline.gguf_source import converted_folder
 
         gguf = packaged_smollm2()

@@ -122,7 +122,7 @@ def main() -> None:
 
 
 def _source() -> Path:
-    from hub_export.models.tiny import packaged_minilm
+    from hub_export.models.packaged import packaged_minilm
 
     return packaged_minilm()
 

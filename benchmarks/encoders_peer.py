@@ -41,7 +41,7 @@ def masked_lm_source() -> Path:
     import torch
     from transformers import BertForMaskedLM
 
-    from hub_export.models.tiny import packaged_minilm
+    from hub_export.models.packaged import packaged_minilm
 
     folder = WORK / "minilm-mlm"
     if (folder / "model.safetensors").is_file():
@@ -82,7 +82,7 @@ def export_both(source: Path) -> dict:
 
 
 def _minilm() -> Path:
-    from hub_export.models.tiny import packaged_minilm
+    from hub_export.models.packaged import packaged_minilm
 
     return packaged_minilm()
 

@@ -57,7 +57,7 @@ def reference(name: str) -> tuple:
     perplexity on them)."""
     from tokenizers import Tokenizer
 
-    from hub_export.models.tiny import packaged_gemma3, packaged_smollm2
+    from hub_export.models.packaged import packaged_gemma3, packaged_smollm2
     from hub_export.pipeline.build import load_model, token_ids
     from hub_export.pipeline.gguf_source import converted_folder
     from hub_export.pipeline.verify import _bos_prefix

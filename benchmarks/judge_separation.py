@@ -55,7 +55,7 @@ def main() -> None:
 
     from transformers import AttentionInterface
 
-    from hub_export.models.tiny import packaged_smollm2
+    from hub_export.models.packaged import packaged_smollm2
     from hub_export.pipeline import quantize, verify
     from hub_export.pipeline.build import load_model, token_ids
     from hub_export.pipeline.gguf_source import converted_folder

@@ -79,7 +79,7 @@ def source_folder(family: str) -> Path:
 
     if family == "qwen3":
         return models.build_shaped(WORK / "qwen3-0.6b-8l", models.qwen3_0_6b_config(layers=8))
-    from hub_export.models.tiny import packaged_smollm2
+    from hub_export.models.packaged import packaged_smollm2
     from hub_export.pipeline.gguf_source import converted_folder
 
     folder, _ = converted_folder(packaged_smollm2())

@@ -65,7 +65,7 @@ def main() -> None:
 
     from benchmarks.bench_export import PROMPT_TOKENS, _prompt_of_exactly
     from hub_export.hub.card import frontier_png
-    from hub_export.models.tiny import packaged_smollm2
+    from hub_export.models.packaged import packaged_smollm2
     from hub_export.pipeline.export import export
     from hub_export.pipeline.manifest import Manifest
     from hub_export.quiet import quiet_libraries, quiet_torch

@@ -50,7 +50,7 @@ def shapes() -> dict:
 def model_folder(key: str) -> Path:
     """The shape's checkpoint folder, built once (SmolLM2 shapes get the real SmolLM2 tokenizer)."""
     from benchmarks.models import build_large_shaped
-    from hub_export.models.tiny import packaged_smollm2
+    from hub_export.models.packaged import packaged_smollm2
     from hub_export.pipeline.gguf_source import converted_folder
 
     name, config, smollm2_tokenizer = shapes()[key]

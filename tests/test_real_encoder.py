@@ -13,7 +13,7 @@ pytestmark = pytest.mark.real
 
 @pytest.fixture(scope="module")
 def minilm(tmp_path_factory):
-    from hub_export.models.tiny import packaged_minilm
+    from hub_export.models.packaged import packaged_minilm
 
     return packaged_minilm(tmp_path_factory.mktemp("minilm"))
 

@@ -164,7 +164,7 @@ def test_the_real_whisper_exports_verified_and_transcribes_as_transformers_does(
     transcription loop the file runs gives transformers' own ``generate`` transcript on the fp32 model."""
     from transformers import AutoFeatureExtractor, WhisperForConditionalGeneration, WhisperTokenizerFast
 
-    from hub_export.models.tiny import packaged_whisper
+    from hub_export.models.packaged import packaged_whisper
     from hub_export.pipeline.export import export
     from hub_export.tasks.speech.export import SAMPLE_RATE, eval_clips, reference
 

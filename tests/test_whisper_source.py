@@ -123,7 +123,7 @@ def test_the_edit_distance() -> None:
 
 @pytest.fixture(scope="module")
 def whisper(tmp_path_factory):
-    from hub_export.models.tiny import packaged_whisper
+    from hub_export.models.packaged import packaged_whisper
 
     return packaged_whisper(tmp_path_factory.mktemp("whisper"))
 
@@ -183,7 +183,7 @@ def test_the_converted_folder_has_whisper_tokens_and_generation_settings(whisper
 @pytest.mark.real
 def test_a_failed_write_keeps_the_previous_folder_and_no_staging(tmp_path, monkeypatch) -> None:
     from hub_export.models import tiny as demo
-    from hub_export.models.tiny import package_folder
+    from hub_export.models.packaged import package_folder
     from hub_export.tasks.speech import ct2_whisper
 
     out = tmp_path / "whisper"

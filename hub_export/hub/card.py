@@ -44,9 +44,10 @@ def templates_dir() -> Path:
         >>> (templates_dir() / "model_card.md.j2").is_file()
         True
     """
-    top_level = Path(__file__).resolve().parent.parent / "templates"
-    # An installed wheel may carry them inside the package instead.
-    packaged = Path(__file__).resolve().parent / "templates"
+    here = Path(__file__).resolve()  # hub_export/hub/card.py
+    top_level = here.parents[2] / "templates"
+    # An installed wheel carries them inside the package instead (hub_export.templates).
+    packaged = here.parents[1] / "templates"
     return top_level if top_level.is_dir() or not packaged.is_dir() else packaged
 
 

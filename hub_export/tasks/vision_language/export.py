@@ -910,7 +910,7 @@ def verify_variant(
 
 
 RUNNER_TIMEOUT_S = 600.0
-MULTIMODAL_PROBE = Path(__file__).with_name("multimodal_probe.py")
+MULTIMODAL_PROBE = Path(__file__).with_name("runner_probe.py")
 
 
 def runner_generate(pte_path: str | Path, tokenizer_json: str | Path, prompt: Prompt, max_new_tokens: int) -> dict:
