@@ -43,6 +43,8 @@ def main() -> None:
     from hub_export.pipeline.manifest import Manifest
     from hub_export.tasks.image_classification.export import draw
     from hub_export.tasks.vision_language import export as vl
+    from hub_export.tasks.vision_language import model as vl_model
+    from hub_export.tasks.vision_language import run as vl_run
 
     qmodes = args.qmodes or ["8da4w", "8da8w"]
     source = args.work / "smolvlm-shaped"
@@ -56,14 +58,14 @@ def main() -> None:
     tokenizer = Tokenizer.from_file(str(out / "tokenizer.json"))
     rows = []
     for variant in manifest.variants:
-        file = vl.VisionLanguageFile(out / variant.file)
-        image = vl.load_image(draw(0, 512)[0], file.image_size)
+        file = vl_run.VisionLanguageFile(out / variant.file)
+        image = vl_run.load_image(draw(0, 512)[0], file.image_size)
         vision = []
         for _ in range(5):
             begun = time.perf_counter()
             file.vision(image)
             vision.append(time.perf_counter() - begun)
-        prompt = vl.build_prompt(out, vl.IDEFICS3, QUESTION, [image], tokenizer)
+        prompt = vl_run.build_prompt(out, vl_model.IDEFICS3, QUESTION, [image], tokenizer)
         result = vl.runner_generate(out / variant.file, out / "tokenizer.json", prompt, NEW_TOKENS)
         stats = result["stats"]
         decode_seconds = (stats["inference_end_ms"] - stats["prompt_eval_end_ms"]) / 1000

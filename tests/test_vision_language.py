@@ -48,23 +48,24 @@ def test_the_three_methods_compute_what_transformers_computes(model_type, tmp_pa
 
     from hub_export.models.tiny import build_tiny_vlm
     from hub_export.tasks.vision_language import export as vl
+    from hub_export.tasks.vision_language import run as vl_run
 
     folder = build_tiny_vlm(tmp_path / model_type, model_type)
     model = AutoModelForImageTextToText.from_pretrained(folder, dtype=torch.float32).eval()
     wrapped = vl.wrap(model, folder, 128).eval()
-    image = vl.load_image(drawn_images[1], wrapped.image_size)
-    prompt = vl.build_prompt(folder, wrapped.family, "What shape is this?", [image], Tokenizer.from_file(
+    image = vl_run.load_image(drawn_images[1], wrapped.image_size)
+    prompt = vl_run.build_prompt(folder, wrapped.family, "What shape is this?", [image], Tokenizer.from_file(
         str(folder / "tokenizer.json")))  # fmt: skip
-    steps = vl.EagerSteps(wrapped)
-    scores, position, _ = vl.prefill(steps, prompt)
+    steps = vl_run.EagerSteps(wrapped)
+    scores, position, _ = vl_run.prefill(steps, prompt)
     answer = [5, 9]
     rows = [scores] + [
         steps.decode(steps.embed(torch.tensor([[token]])), torch.tensor([position + i]))[0, -1]
         for i, token in enumerate(answer)
     ]
     # The image moves the answer: another image gives other scores (a check blind to images would pass anyway).
-    other = vl.Prompt(prompt.parts, [vl.load_image(drawn_images[0], wrapped.image_size)])
-    assert (vl.prefill(steps, other)[0] - scores).abs().max() > 1e-2
+    other = vl_run.Prompt(prompt.parts, [vl_run.load_image(drawn_images[0], wrapped.image_size)])
+    assert (vl_run.prefill(steps, other)[0] - scores).abs().max() > 1e-2
     ids = []
     for part in prompt.parts:
         ids += [model.config.image_token_id] * wrapped.image_tokens if isinstance(part, int) else part
@@ -106,13 +107,15 @@ def test_multimodal_runner_generates_what_the_files_own_loop_does(exported_vlm, 
     from tokenizers import Tokenizer
 
     from hub_export.tasks.vision_language import export as vl
+    from hub_export.tasks.vision_language import model as vl_model
+    from hub_export.tasks.vision_language import run as vl_run
 
     pte = exported_vlm / "model-fp32-emb8w.pte"
-    file = vl.VisionLanguageFile(pte)
+    file = vl_run.VisionLanguageFile(pte)
     tokenizer = Tokenizer.from_file(str(exported_vlm / "tokenizer.json"))
-    image = vl.load_image(drawn_images[2], file.image_size)
-    prompt = vl.build_prompt(exported_vlm, vl.IDEFICS3, "Describe it.", [image], tokenizer)
-    own = vl.greedy(file, prompt, 10, set(file.model.metadata["get_eos_ids"]), file.max_seq_len)
+    image = vl_run.load_image(drawn_images[2], file.image_size)
+    prompt = vl_run.build_prompt(exported_vlm, vl_model.IDEFICS3, "Describe it.", [image], tokenizer)
+    own = vl_run.greedy(file, prompt, 10, set(file.model.metadata["get_eos_ids"]), file.max_seq_len)
     result = vl.runner_generate(pte, exported_vlm / "tokenizer.json", prompt, 10)
     reference = vl.VisionLanguageReference([], [prompt], [own], [], [], [], 1.0, [], 128,
                                            (exported_vlm / "tokenizer.json").read_text())  # fmt: skip
@@ -233,16 +236,16 @@ def test_the_card_push_pull_and_preview(exported_vlm, drawn_images, local_hub, t
 def test_running_the_vision_encoder_between_decoder_calls_keeps_the_cache(exported_vlm, drawn_images) -> None:
     """The runtime shares each planned arena among a file's methods: the KV cache must live in its own, or the
     image's encoder overwrites the prompt's cached keys between two prefill chunks."""
-    from hub_export.tasks.vision_language import export as vl
+    from hub_export.tasks.vision_language import run as vl_run
 
-    file = vl.VisionLanguageFile(exported_vlm / "model-fp32-emb8w.pte")
-    image = vl.load_image(drawn_images[0], file.image_size)
+    file = vl_run.VisionLanguageFile(exported_vlm / "model-fp32-emb8w.pte")
+    image = vl_run.load_image(drawn_images[0], file.image_size)
     prefix = file.embed(torch.tensor([[3, 17, 29, 41, 55, 60, 71]]))
     embeds = file.vision(image)
     file.decode(prefix, torch.arange(7))
     undisturbed = file.decode(embeds, torch.arange(7, 7 + embeds.shape[1]))
     file.decode(prefix, torch.arange(7))
-    file.vision(vl.load_image(drawn_images[1], file.image_size))  # runs between the two chunks
+    file.vision(vl_run.load_image(drawn_images[1], file.image_size))  # runs between the two chunks
     disturbed = file.decode(embeds, torch.arange(7, 7 + embeds.shape[1]))
     assert torch.allclose(undisturbed, disturbed, atol=1e-5), (undisturbed - disturbed).abs().max()
 

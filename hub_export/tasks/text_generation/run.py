@@ -172,9 +172,9 @@ def stream_generate(
     model = PteModel(pte_path)
     set_threads(threads)
     if "vision_encoder" in model.methods:
-        from hub_export.tasks.vision_language import export as vision_language  # the file's methods, its prompt layout
+        from hub_export.tasks.vision_language.run import GenerationRun  # the file's methods, its prompt layout
 
-        run = vision_language.GenerationRun(model, Path(tokenizer_dir), tokenizer, prompt, images, chat, system)
+        run = GenerationRun(model, Path(tokenizer_dir), tokenizer, prompt, images, chat, system)
         ids, max_len, eos, prefill, step = run.ids, run.max_len, run.eos, run.prefill, run.step
     else:
         ids = _encode_text(tokenizer, Path(tokenizer_dir), prompt, chat, system)

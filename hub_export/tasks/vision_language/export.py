@@ -32,8 +32,6 @@ from __future__ import annotations
 
 import contextlib
 import json
-import math
-from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 from typing import Any
@@ -59,16 +57,36 @@ from hub_export.tasks.archs import SUPPORTED_MODEL_TYPES
 from hub_export.tasks.encoders import label_figures
 from hub_export.tasks.image_classification.export import draw
 from hub_export.tasks.speech.export import delegable_layer_norms
-from hub_export.tasks.text_generation.chat import render_chat_messages
-from hub_export.tasks.text_generation.export import ATTENTION_NAME, needs_strict_tracing, register_attention
-from hub_export.tasks.text_generation.kv_cache import ForwardContext, KVCache, plan_layers
+from hub_export.tasks.text_generation.export import needs_strict_tracing
+from hub_export.tasks.text_generation.kv_cache import plan_layers
+from hub_export.tasks.vision_language.model import (
+    MAX_IMAGES,
+    METHODS,
+    Family,
+    VisionLanguageModel,
+    _zero_cache,
+    family_of,
+)
+from hub_export.tasks.vision_language.run import (
+    EagerSteps,
+    Prompt,
+    VisionLanguageFile,
+    build_prompt,
+    greedy,
+    greedy_until,
+    load_image,
+    perplexity,
+    prompt_segments,
+    render_chat,
+    teacher_forced,
+    text_scores,
+    token_bytes,
+)
 
-METHODS = ("vision_encoder", "token_embedding", "text_decoder")
 DEFAULT_SEQ_LEN = 1024
 EVAL_IMAGES = 6
 NEW_TOKENS = 12  # the fp32 model's greedy answer each variant is teacher-forced on
 PERPLEXITY_TOKENS = 128  # of the shipped prose, one decoder step each: the decoder's text perplexity
-MAX_IMAGES = 8  # a prompt's images (each also needs its tokens of the cache)
 # Least cosine of the file's image embeddings to the eager model's (same quantization), by kind of file.
 MIN_FEATURE_COSINE = {"fp32": 0.9999, "weight_only": 0.999, "dynamic": 0.99}
 EXAMPLE_QUESTION = "What is in this picture?"
@@ -82,236 +100,7 @@ EVAL_QUESTIONS = (
 # -- families ---------------------------------------------------------------------------------------------
 
 
-@dataclass(frozen=True)
-class Family:
-    """How one vision-language architecture turns pixels into embeddings and where its text model lives."""
-
-    name: str
-    model_types: tuple[str, ...]
-    image_features: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (model, normalised pixels) -> [1, n, d]
-    vision_module: Callable[[nn.Module], nn.Module]  # the tower and connector: quantized with --qmode-encoder
-    language_model: Callable[[nn.Module], nn.Module]  # the decoder body, called with inputs_embeds
-    image_tokens: Callable[[Any], int]  # embeddings one image adds to the prompt
-    image_size: Callable[[Any], int]  # the side of the square the vision tower takes
-    markers: tuple[str, str] = ("", "")  # text the prompt carries before and after each image's embeddings
-    placeholder: str = "<image>"  # what the chat template writes where an image goes
-
-
-def _idefics3_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
-    # Idefics3's embeddings bucket patch positions for padded images of any size; for one
-    # full square image the positions are simply 0..patches-1, which exports without the
-    # data-dependent bucketing.
-    tower = model.model.vision_model
-    patches = tower.embeddings.patch_embedding(pixels).flatten(2).transpose(1, 2)
-    positions = torch.arange(patches.shape[1], device=pixels.device).unsqueeze(0)
-    # contiguous: the patches are a transposed view, and the connector's pixel shuffle views its input
-    hidden = (patches + tower.embeddings.position_embedding(positions)).contiguous()
-    hidden = tower.encoder(inputs_embeds=hidden).last_hidden_state
-    return model.model.connector(tower.post_layernorm(hidden).contiguous())
-
-
-def _llava_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
-    config = model.config
-    layers = config.vision_feature_layer
-    out = model.model.vision_tower(pixels, output_hidden_states=True)
-    if isinstance(layers, int):
-        selected = out.hidden_states[layers]
-    else:
-        selected = torch.cat([out.hidden_states[i] for i in layers], dim=-1)
-    if config.vision_feature_select_strategy == "default":
-        selected = selected[:, 1:]  # the [CLS] position is not an image token
-    return model.model.multi_modal_projector(selected)
-
-
-def _llava_tokens(config) -> int:
-    vision = config.vision_config
-    patches = (vision.image_size // vision.patch_size) ** 2
-    return patches + (0 if config.vision_feature_select_strategy == "default" else 1)
-
-
-def _internvl_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
-    config = model.config
-    out = model.model.get_image_features(
-        pixel_values=pixels,
-        vision_feature_layer=config.vision_feature_layer,
-        vision_feature_select_strategy=config.vision_feature_select_strategy,
-    )
-    return out.pooler_output
-
-
-def _side(value) -> int:
-    return int(value[0] if isinstance(value, (list, tuple)) else value)
-
-
-def _internvl_tokens(config) -> int:
-    vision = config.vision_config
-    patches = (_side(vision.image_size) // _side(vision.patch_size)) ** 2
-    return int(patches * config.downsample_ratio**2)
-
-
-def _tower_and_projector(model: nn.Module) -> nn.Module:
-    return nn.ModuleList([model.model.vision_tower, model.model.multi_modal_projector])
-
-
-def _language_model(model: nn.Module) -> nn.Module:
-    return model.model.language_model
-
-
-IDEFICS3 = Family(
-    name="Idefics3 / SmolVLM",
-    model_types=("idefics3", "smolvlm"),
-    image_features=_idefics3_features,
-    vision_module=lambda model: nn.ModuleList([model.model.vision_model, model.model.connector]),
-    language_model=lambda model: model.model.text_model,
-    image_tokens=lambda config: int(
-        (config.vision_config.image_size // config.vision_config.patch_size) ** 2 / config.scale_factor**2
-    ),
-    image_size=lambda config: int(config.vision_config.image_size),
-    markers=("<fake_token_around_image><global-img>", "<fake_token_around_image>"),
-)
-LLAVA = Family(
-    name="LLaVA",
-    model_types=("llava",),
-    image_features=_llava_features,
-    vision_module=_tower_and_projector,
-    language_model=_language_model,
-    image_tokens=_llava_tokens,
-    image_size=lambda config: _side(config.vision_config.image_size),
-)
-INTERNVL = Family(
-    name="InternVL",
-    model_types=("internvl",),
-    image_features=_internvl_features,
-    vision_module=_tower_and_projector,
-    language_model=_language_model,
-    image_tokens=_internvl_tokens,
-    image_size=lambda config: _side(config.vision_config.image_size),
-    markers=("<img>", "</img>"),
-    placeholder="<IMG_CONTEXT>",
-)
-FAMILIES = {model_type: family for family in (IDEFICS3, LLAVA, INTERNVL) for model_type in family.model_types}
-
-
-def family_of(config) -> Family:
-    """The :class:`Family` of a loaded config (or a ``config.json`` dict).
-
-    Raises:
-        InputError: the architecture is not a supported vision-language family.
-    """
-    model_type = config.get("model_type") if isinstance(config, dict) else config.model_type
-    if model_type not in FAMILIES:
-        raise InputError(
-            f"{model_type!r} is not a vision-language family hub-export exports; supported: "
-            f"{', '.join(sorted(FAMILIES))} (see `hub-export archs`)"
-        )
-    return FAMILIES[model_type]
-
-
 # -- the file's methods -------------------------------------------------------------------------------------
-
-
-def _processor_settings(folder: Path | None) -> dict:
-    try:
-        settings = json.loads((Path(folder) / "preprocessor_config.json").read_text(encoding="utf-8"))
-    except (OSError, ValueError, TypeError):
-        settings = {}
-    return settings if isinstance(settings, dict) else {}
-
-
-def _channel_stats(settings: dict, key: str, default: float) -> list[float]:
-    value = settings.get(key, default)
-    values = [float(v) for v in value] if isinstance(value, (list, tuple)) else [float(value)] * 3
-    if len(values) != 3 or not all(math.isfinite(v) for v in values):
-        raise InputError(f"preprocessor_config.json has an unusable {key}: {value!r}; expected three numbers")
-    return values
-
-
-class VisionEncoder(nn.Module):
-    """``vision_encoder``: RGB bytes ``[1, 3, size, size]`` -> image embeddings ``[1, tokens, hidden]``."""
-
-    def __init__(self, model: nn.Module, family: Family, folder: Path | None):
-        super().__init__()
-        settings = _processor_settings(folder)
-        self.model, self.family = model, family
-        scale = float(settings.get("rescale_factor", 1 / 255))
-        mean = torch.tensor(_channel_stats(settings, "image_mean", 0.5)).view(1, 3, 1, 1)
-        std = torch.tensor(_channel_stats(settings, "image_std", 0.5)).view(1, 3, 1, 1)
-        # (x * scale - mean) / std, folded into one multiply-add
-        self.register_buffer("gain", scale / std, persistent=False)
-        self.register_buffer("offset", -mean / std, persistent=False)
-
-    def normalise(self, image: torch.Tensor) -> torch.Tensor:
-        return image.to(torch.float32) * self.gain + self.offset
-
-    def forward(self, image: torch.Tensor) -> torch.Tensor:
-        return self.family.image_features(self.model, self.normalise(image))
-
-
-class TokenEmbedding(nn.Module):
-    """``token_embedding``: token ids ``[1, n]`` -> ``[1, n, hidden]`` (Gemma-style scaling included)."""
-
-    def __init__(self, model: nn.Module):
-        super().__init__()
-        self.embed = model.get_input_embeddings()
-
-    def forward(self, input_ids: torch.Tensor) -> torch.Tensor:
-        return self.embed(input_ids)
-
-
-class EmbeddingsDecoder(nn.Module):
-    """``text_decoder``: embeddings ``[1, n, hidden]`` and cache positions ``[n]`` -> scores ``[1, 1, vocab]``.
-
-    The cache and attention are a text-generation file's (:class:`hub_export.tasks.text_generation.export.ExportableDecoder`);
-    only the text model's attention is switched to the fused kernel, the vision tower keeps its own.
-    """
-
-    def __init__(self, model: nn.Module, family: Family, max_seq_len: int):
-        super().__init__()
-        register_attention()
-        text_config = model.config.get_text_config()
-        text_config._attn_implementation = ATTENTION_NAME
-        self.model = family.language_model(model)
-        self.lm_head = model.lm_head
-        self.layout = plan_layers(text_config, max_seq_len)
-        self.max_seq_len = self.layout.max_seq_len
-        self.cache = KVCache(self.layout, dtype=torch.float32)
-
-    def forward(self, inputs_embeds: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
-        start_pos = cache_position[0].item()
-        torch._check(start_pos >= 0)
-        torch._check(start_pos < self.max_seq_len)
-        with ForwardContext(self.cache, start_pos):
-            hidden = self.model(
-                inputs_embeds=inputs_embeds,
-                position_ids=cache_position.unsqueeze(0),
-                cache=self.cache,
-                use_cache=True,
-            ).last_hidden_state
-        return self.lm_head(hidden[:, -1:])
-
-
-class VisionLanguageModel(nn.Module):
-    """The three methods of a vision-language file, as one module tree."""
-
-    def __init__(self, model: nn.Module, folder: Path | None, max_seq_len: int):
-        super().__init__()
-        self.config = model.config
-        self.family = family_of(model.config)
-        self.vision_encoder = VisionEncoder(model, self.family, folder)
-        self.token_embedding = TokenEmbedding(model)
-        self.text_decoder = EmbeddingsDecoder(model, self.family, max_seq_len)
-
-    @property
-    def image_size(self) -> int:
-        return self.family.image_size(self.config)
-
-    @property
-    def image_tokens(self) -> int:
-        return self.family.image_tokens(self.config)
-
-
-def _zero_cache(wrapped: VisionLanguageModel) -> None:
-    wrapped.text_decoder.cache.reset()
 
 
 # -- the encoder-task stages ----------------------------------------------------------------------------
@@ -450,260 +239,7 @@ def quantize_model(model: nn.Module, qmode: str, options) -> list[str]:
 # -- prompts -------------------------------------------------------------------------------------------------
 
 
-@dataclass
-class Prompt:
-    """A prompt as the runner takes it: token ids and images, in order (an image is its index in ``images``)."""
-
-    parts: list[list[int] | int]
-    images: list[torch.Tensor]  # uint8 [1, 3, size, size] each
-
-    @property
-    def text_tokens(self) -> int:
-        return sum(len(p) for p in self.parts if isinstance(p, list))
-
-
-def render_chat(folder: Path, question: str, images: int, system: str | None = None) -> str:
-    """The chat template's user turn: ``images`` image placeholders, then ``question``, then the assistant's cue."""
-    content = [{"type": "image"} for _ in range(images)] + [{"type": "text", "text": question}]
-    messages = [{"role": "system", "content": [{"type": "text", "text": system}]}] if system else []
-    return render_chat_messages(folder, [*messages, {"role": "user", "content": content}])
-
-
-def prompt_segments(text: str, family: Family, images: int) -> list[str | None]:
-    """``text`` split at the template's image placeholders, with each image's marker text around it; None: an image.
-
-    Raises:
-        InputError: the template did not write one placeholder per image.
-    """
-    pieces = text.split(family.placeholder)
-    if len(pieces) != images + 1:
-        raise InputError(
-            f"the chat template wrote {len(pieces) - 1} image placeholders ({family.placeholder}) for {images} images"
-        )
-    before, after = family.markers
-    segments: list[str | None] = [pieces[0]]
-    for piece in pieces[1:]:
-        segments[-1] += before
-        segments += [None, after + piece]
-    return [s for s in segments if s != ""]
-
-
-def load_image(path_or_image, size: int) -> torch.Tensor:
-    """An image file (or PIL image) as the file's input: RGB, resized to ``size`` x ``size``, uint8 ``[1, 3, s, s]``.
-
-    Raises:
-        InputError: the file is missing, is not an image, or is animated (video is not supported).
-    """
-    import numpy as np
-    from PIL import Image, UnidentifiedImageError
-
-    image = path_or_image
-    if not isinstance(image, Image.Image):
-        path = Path(path_or_image)
-        if not path.is_file():
-            raise InputError(f"no image at {path}; pass a PNG, JPEG or WebP file")
-        try:
-            image = Image.open(path)
-            image.load()
-        except (UnidentifiedImageError, OSError, ValueError) as error:
-            raise InputError(f"{path.name} is not an image this can read ({first_line(error)[:80]}); pass a PNG, "
-                             "JPEG or WebP file") from None  # fmt: skip
-        if getattr(image, "n_frames", 1) > 1:
-            raise InputError(f"{path.name} has {image.n_frames} frames: video input is not supported; pass one still "
-                             "image per --image")  # fmt: skip
-    resized = image.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
-    return torch.from_numpy(np.asarray(resized).copy()).permute(2, 0, 1).unsqueeze(0).contiguous()
-
-
-def build_prompt(
-    folder: Path,
-    family: Family,
-    question: str,
-    images: list[torch.Tensor],
-    tokenizer,
-    chat: bool = True,
-    system: str | None = None,
-) -> Prompt:
-    """A :class:`Prompt` for ``question`` about ``images``: the chat template's turn, or (``chat=False``) each
-    image's markers followed by ``question`` as it is."""
-    if len(images) > MAX_IMAGES:
-        raise InputError(f"{len(images)} images in one prompt; a file takes at most {MAX_IMAGES}", param="image")
-    if chat:
-        text = render_chat(folder, question, len(images), system)
-    else:
-        text = family.placeholder * len(images) + question
-    parts: list[list[int] | int] = []
-    index = 0
-    for segment in prompt_segments(text, family, len(images)):
-        if segment is None:
-            parts.append(index)
-            index += 1
-        else:
-            parts.append(tokenizer.encode(segment, add_special_tokens=False).ids)
-    return Prompt(parts, images)
-
-
 # -- running a prompt: the eager wrapper and the file share one loop ----------------------------------------
-
-
-class _Steps:
-    """The three methods of either the eager wrapper or a ``.pte`` (see :class:`VisionLanguageFile`)."""
-
-    def vision(self, image: torch.Tensor) -> torch.Tensor: ...
-    def embed(self, ids: torch.Tensor) -> torch.Tensor: ...
-    def decode(self, embeds: torch.Tensor, positions: torch.Tensor) -> torch.Tensor: ...
-
-
-class EagerSteps(_Steps):
-    """The eager wrapper's methods (its attention runs ExecuTorch's custom ops' eager kernels, whose log lines
-    about allocators are kept off the terminal)."""
-
-    def __init__(self, wrapped: VisionLanguageModel):
-        self.wrapped = wrapped
-
-    def vision(self, image):
-        with torch.no_grad():
-            return self.wrapped.vision_encoder(image)
-
-    def embed(self, ids):
-        with torch.no_grad():
-            return self.wrapped.token_embedding(ids)
-
-    def decode(self, embeds, positions):
-        from hub_export.runtime.pte import quiet_native_output  # the ExecuTorch runtime: loaded when a file is run
-
-        with torch.no_grad(), quiet_native_output():
-            return self.wrapped.text_decoder(embeds, positions)
-
-
-class VisionLanguageFile(_Steps):
-    """A vision-language ``.pte``, ready to run its methods (see :mod:`hub_export.runtime.pte`)."""
-
-    def __init__(self, pte_path):
-        from hub_export.runtime.pte import PteModel  # the ExecuTorch runtime: loaded when a file is run
-
-        self.model = pte_path if isinstance(pte_path, PteModel) else PteModel(pte_path)
-        missing = [name for name in METHODS if name not in self.model.methods]
-        if missing:
-            raise InputError(
-                f"{self.model.path.name} is not a vision-language file (it has no {', '.join(missing)} method)"
-            )
-        self.max_seq_len = int(self.model.metadata["get_max_seq_len"])
-        self.image_size = int(self.model.metadata["get_image_size"])
-        self.image_tokens = int(self.model.metadata["get_image_tokens"])
-
-    def vision(self, image):
-        if tuple(image.shape) != (1, 3, self.image_size, self.image_size):
-            raise InputError(f"this file takes images of {self.image_size}x{self.image_size}; resize it first")
-        return self.model.run([image], "vision_encoder")
-
-    def embed(self, ids):
-        return self.model.run([ids], "token_embedding")
-
-    def decode(self, embeds, positions):
-        return self.model.run([embeds, positions], "text_decoder")
-
-
-class GenerationRun:
-    """A prompt with images, ready for :func:`hub_export.tasks.text_generation.run.stream_generate`'s loop: ``prefill()`` and
-    ``step(token, position)`` over a vision-language file's methods.
-
-    Raises:
-        InputError: an image cannot be read, too many images, or the prompt does not fit the file's context.
-    """
-
-    def __init__(self, model, folder: Path, tokenizer, question: str, images: list, chat: bool, system: str | None):
-        try:
-            config = json.loads((folder / "config.json").read_text(encoding="utf-8"))
-        except (OSError, ValueError):
-            raise InputError(f"no readable config.json in {folder.name}/; pass the export folder") from None
-        self.file = VisionLanguageFile(model)
-        self.family = family_of(config if isinstance(config, dict) else {})
-        if len(images) > MAX_IMAGES:
-            raise InputError(f"{len(images)} images in one prompt; a file takes at most {MAX_IMAGES}", param="image")
-        pixels = [load_image(image, self.file.image_size) for image in images]
-        self.prompt = build_prompt(folder, self.family, question, pixels, tokenizer, chat, system)
-        self.ids = [token for part in self.prompt.parts if isinstance(part, list) for token in part]
-        self.max_len = self.file.max_seq_len
-        self.eos = set(self.file.model.metadata.get("get_eos_ids", []))
-        needed = self.prompt.text_tokens + len(pixels) * self.file.image_tokens
-        if needed >= self.max_len:
-            raise InputError(
-                f"the prompt takes {needed} positions ({len(pixels)} images of {self.file.image_tokens} and "
-                f"{self.prompt.text_tokens} text tokens); this file holds at most {self.max_len - 1}: use fewer "
-                "images or a shorter prompt"
-            )
-
-    def prefill(self):
-        import time
-
-        started = time.perf_counter()
-        scores, position, _ = prefill(self.file, self.prompt)
-        return scores, time.perf_counter() - started, position
-
-    def step(self, token: int, position: int) -> torch.Tensor:
-        return self.file.decode(self.file.embed(torch.tensor([[token]])), torch.tensor([position]))[0, -1]
-
-
-def prefill(steps: _Steps, prompt: Prompt) -> tuple[torch.Tensor, int, list[torch.Tensor]]:
-    """Run ``prompt`` through ``steps`` part by part, as the runner does: (last scores, positions used, image
-    embeddings)."""
-    position, scores, features = 0, None, []
-    for part in prompt.parts:
-        if isinstance(part, int):
-            embeds = steps.vision(prompt.images[part])
-            features.append(embeds)
-        else:
-            embeds = steps.embed(torch.tensor([part], dtype=torch.long))
-        count = embeds.shape[1]
-        scores = steps.decode(embeds, torch.arange(position, position + count))
-        position += count
-    return scores[0, -1], position, features
-
-
-def greedy(steps: _Steps, prompt: Prompt, new_tokens: int, eos: set[int], max_seq_len: int) -> list[int]:
-    """Greedy answer tokens (EOS excluded) to ``prompt``."""
-    return greedy_until(steps, prompt, new_tokens, eos, max_seq_len)[0]
-
-
-def greedy_until(
-    steps: _Steps, prompt: Prompt, new_tokens: int, eos: set[int], max_seq_len: int
-) -> tuple[list[int], int | None]:
-    """(greedy answer tokens to ``prompt``, the end token that stopped them, or None)."""
-    scores, position, _ = prefill(steps, prompt)
-    tokens: list[int] = []
-    while len(tokens) < new_tokens and position < max_seq_len:
-        token = int(scores.argmax())
-        if token in eos:
-            return tokens, token
-        tokens.append(token)
-        scores = steps.decode(steps.embed(torch.tensor([[token]])), torch.tensor([position]))[0, -1]
-        position += 1
-    return tokens, None
-
-
-def teacher_forced(steps: _Steps, prompt: Prompt, answer: list[int]) -> tuple[torch.Tensor, list[torch.Tensor]]:
-    """Scores ``[len(answer) + 1, vocab]``: after the prompt, then after each answer token; and the image embeddings."""
-    scores, position, features = prefill(steps, prompt)
-    rows = [scores]
-    for token in answer:
-        rows.append(steps.decode(steps.embed(torch.tensor([[token]])), torch.tensor([position]))[0, -1])
-        position += 1
-    return torch.stack(rows).float(), features
-
-
-def text_scores(steps: _Steps, ids: list[int]) -> torch.Tensor:
-    """The decoder's next-token scores after each of ``ids`` (no image), one step at a time: ``[len(ids), vocab]``."""
-    rows = []
-    for position, token in enumerate(ids):
-        rows.append(steps.decode(steps.embed(torch.tensor([[token]])), torch.tensor([position]))[0, -1])
-    return torch.stack(rows).float()
-
-
-def perplexity(scores: torch.Tensor, ids: list[int]) -> float:
-    logprobs = torch.log_softmax(scores[:-1].double(), -1)
-    target = torch.tensor(ids[1:]).unsqueeze(1)
-    return float(torch.exp(-logprobs.gather(1, target).mean()))
 
 
 # -- reference and verification ---------------------------------------------------------------------------
@@ -802,33 +338,6 @@ def _decode(reference: VisionLanguageReference, tokens: list[int]) -> str:
             continue
         out += raw
     return out.decode(errors="replace")
-
-
-def token_bytes(tokenizer, token: int, byte_level: bool) -> bytes:
-    """The bytes a token stands for: a byte-fallback piece (``<0xAB>``), a byte-level BPE piece mapped back
-    through GPT-2's byte alphabet, or the decoded text."""
-    piece = tokenizer.id_to_token(token) or ""
-    if len(piece) == 6 and piece.startswith("<0x") and piece.endswith(">"):
-        return bytes([int(piece[3:5], 16)])
-    if byte_level and all(ch in _BYTE_OF for ch in piece):
-        return bytes(_BYTE_OF[ch] for ch in piece)
-    return tokenizer.decode([token], skip_special_tokens=False).encode()
-
-
-def _byte_alphabet() -> dict[str, int]:
-    # GPT-2's reversible map from bytes to printable characters, inverted.
-    kept = list(range(ord("!"), ord("~") + 1)) + list(range(ord("¡"), ord("¬") + 1)) + list(range(ord("®"), 256))
-    chars, extra = {}, 0
-    for byte in range(256):
-        if byte in kept:
-            chars[chr(byte)] = byte
-        else:
-            chars[chr(256 + extra)] = byte
-            extra += 1
-    return chars
-
-
-_BYTE_OF = _byte_alphabet()
 
 
 def _checks(figures: dict, limits: dict) -> list[tuple[bool, str]]:
