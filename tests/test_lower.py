@@ -21,7 +21,7 @@ def test_compact_dependency_viewer_matches_the_partitioners_own():
     from executorch.exir.backend.canonical_partitioners.group_partitioner import _DependencyViewer as ExecuTorchViewer
     from torch.fx.passes.infra.partitioner import _DependencyViewer as TorchViewer
 
-    from hub_export.patches import CompactDependencyViewer
+    from hub_export.patches.lowering import CompactDependencyViewer
 
     model = nn.Sequential(*[_Residual() for _ in range(4)])
     graph_module = torch.export.export(model, (torch.randn(2, 8),)).graph_module
@@ -41,7 +41,7 @@ def test_compact_viewers_are_installed_only_while_lowering():
     import executorch.exir.backend.canonical_partitioners.group_partitioner as group_partitioner
     import torch.fx.passes.infra.partitioner as fx_partitioner
 
-    from hub_export.patches import CompactDependencyViewer, compact_dependency_viewers
+    from hub_export.patches.lowering import CompactDependencyViewer, compact_dependency_viewers
 
     originals = fx_partitioner._DependencyViewer, group_partitioner._DependencyViewer
     with compact_dependency_viewers():
@@ -127,7 +127,7 @@ class _DoubleHardswish(nn.Module):
 
 
 def test_decomposing_once_yields_a_program_that_needs_no_more_tracing():
-    from hub_export.patches import decomposing_once
+    from hub_export.patches.lowering import decomposing_once
     from hub_export.pipeline.lower import partitioner
 
     program = torch.export.export(_Linear(), (torch.randn(2, 8),))
@@ -142,7 +142,7 @@ def test_decomposing_once_yields_a_program_that_needs_no_more_tracing():
 
 def test_decomposing_once_gives_way_when_the_partitioner_refuses_a_kept_node(tmp_path):
     """A hardswish XNNPACK cannot take must be decomposed the stock way; the program still lowers."""
-    from hub_export.patches import decomposing_once
+    from hub_export.patches.lowering import decomposing_once
     from hub_export.pipeline import lower
 
     program = torch.export.export(_DoubleHardswish(), (torch.randn(2, 8),))
@@ -160,7 +160,7 @@ class _EdgePassFodder(nn.Module):
 
 
 def test_edge_pass_triggers_find_the_nodes_their_passes_rewrite():
-    from hub_export.patches import _mixed_types, _symbols_as_tensors, _transposes, _views
+    from hub_export.patches.lowering import _mixed_types, _symbols_as_tensors, _transposes, _views
 
     x = torch.randn(2, 3)
     plain = torch.export.export(nn.Linear(3, 3), (x,)).run_decompositions({}).graph_module
@@ -180,7 +180,7 @@ def test_edge_pass_triggers_find_the_nodes_their_passes_rewrite():
 
     from executorch.exir.dialects._ops import ops as exir_ops
 
-    from hub_export.patches import _portable_layout_ops
+    from hub_export.patches.lowering import _portable_layout_ops
 
     graph = torch.fx.Graph()
     graph.output(graph.call_function(exir_ops.edge.aten.mean.dim, (graph.placeholder("x"), [0])))
@@ -190,7 +190,7 @@ def test_edge_pass_triggers_find_the_nodes_their_passes_rewrite():
 def test_idle_edge_passes_are_skipped_only_while_lowering():
     from executorch.exir.passes.sym_to_tensor_pass import SymToTensorPass
 
-    from hub_export.patches import skipping_idle_edge_passes
+    from hub_export.patches.lowering import skipping_idle_edge_passes
 
     stock = SymToTensorPass.call
     graph_module = torch.export.export(nn.Linear(3, 3), (torch.randn(2, 3),)).run_decompositions({}).graph_module
@@ -206,7 +206,7 @@ def test_passes_run_when_their_ops_are_present(monkeypatch):
     from executorch.backends.xnnpack._passes.fuse_activation_pass import FuseActivationPass
     from executorch.exir import to_edge_transform_and_lower
 
-    from hub_export.patches import skipping_idle_xnnpack_passes
+    from hub_export.patches.lowering import skipping_idle_xnnpack_passes
     from hub_export.pipeline.lower import partitioner
 
     ran = []

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, VARIANT_HELP, _locate_pte, app, out
+from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, VARIANT_HELP, app, locate_pte, out
 from hub_export.errors import InputError
 from hub_export.runtime.process_env import XNNPACK_ISAS
 
@@ -44,7 +44,7 @@ def bench(
 
     if isa is not None and isa not in XNNPACK_ISAS:  # before a repo is downloaded
         raise InputError(f"unknown --isa {isa!r}; choose one of: {', '.join(XNNPACK_ISAS)}")
-    pte, _ = _locate_pte(target, variant, endpoint, token)
+    pte, _ = locate_pte(target, variant, endpoint, token)
     result = run_bench(pte, prompt_tokens, gen_tokens, threads, repeat, isa=isa)
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(result)))

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, VARIANT_HELP, _locate_pte, app, out
+from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, VARIANT_HELP, app, locate_pte, out
 from hub_export.quiet import quiet_torch
 from hub_export.runtime.process_env import prepare_pte_process
 from hub_export.tasks.image_classification.run import classify as classify_image
@@ -28,7 +28,7 @@ def classify(
     """Print the most likely labels of each image, with their probabilities."""
     prepare_pte_process()
     quiet_torch()
-    pte, folder = _locate_pte(target, variant, endpoint, token)
+    pte, folder = locate_pte(target, variant, endpoint, token)
     for image in images:
         result = classify_image(pte, folder, image, top_k=top_k)
         table = Table(title=escape(f"{image.name} ({pte.name}, {result.seconds * 1000:.1f} ms)"))

@@ -49,7 +49,7 @@ out = Console(highlight=False)
 
 
 @contextmanager
-def _stages(title: str):
+def live_stages(title: str):
     """Yield a progress callback that logs timed stages under a live spinner."""
     started = time.perf_counter()
     with err.status(title) as status:
@@ -141,7 +141,7 @@ def _resolve_pte(target: Path, variant: str | None) -> tuple[Path, Path]:
     raise InputError(f"{target} is not a .pte file or an export folder")
 
 
-def _task_of_folder(folder: Path) -> str | None:
+def task_of_folder(folder: Path) -> str | None:
     """The task the manifest in ``folder`` records, if there is one to read."""
     try:
         return task_of(Manifest.read(folder)).name
@@ -149,7 +149,7 @@ def _task_of_folder(folder: Path) -> str | None:
         return None
 
 
-def _locate_pte(target: str, variant: str | None, endpoint: str | None, token: str | None) -> tuple[Path, Path]:
+def locate_pte(target: str, variant: str | None, endpoint: str | None, token: str | None) -> tuple[Path, Path]:
     """(pte file, tokenizer folder) for a .pte, an export folder, or a Hub repo (pulled first)."""
     path = Path(target)
     if path.exists():

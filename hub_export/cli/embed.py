@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, TOKENIZER_HELP, VARIANT_HELP, _locate_pte, app, err, out
+from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, TOKENIZER_HELP, VARIANT_HELP, app, err, locate_pte, out
 from hub_export.quiet import quiet_torch
 from hub_export.runtime.process_env import prepare_pte_process
 from hub_export.tasks.sentence_embeddings.run import embed as embed_texts
@@ -32,7 +32,7 @@ def embed(
     """Embed texts with a sentence-embedding file and print their pairwise cosine similarities."""
     prepare_pte_process()
     quiet_torch()
-    pte, tokenizer_dir = _locate_pte(target, variant, endpoint, token)
+    pte, tokenizer_dir = locate_pte(target, variant, endpoint, token)
     result = embed_texts(pte, tokenizer or tokenizer_dir, texts)
     if as_json:
         typer.echo(json.dumps([[round(float(x), 7) for x in row] for row in result.vectors.tolist()]))

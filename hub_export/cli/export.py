@@ -11,8 +11,8 @@ from hub_export.cli.common import (
     RAY_ADDRESS_HELP,
     RAY_HELP,
     RETRIES_HELP,
-    _stages,
     app,
+    live_stages,
     out,
     variants_table,
     with_export_options,
@@ -50,7 +50,7 @@ def export(
     """Export a model (a causal LM, a sentence encoder) to verified ExecuTorch .pte variants (one per --qmode)."""
     quiet_torch()
     started = time.perf_counter()
-    with make_engine(ray, ray_address, retries) as engine, _stages(f"exporting {source}") as say:
+    with make_engine(ray, ray_address, retries) as engine, live_stages(f"exporting {source}") as say:
         manifest = run_export(
             source, output, options, token=token, endpoint=endpoint, overwrite=overwrite, progress=say, engine=engine
         )

@@ -8,7 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, TOKENIZER_HELP, VARIANT_HELP, _locate_pte, app, err, out
+from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, TOKENIZER_HELP, VARIANT_HELP, app, err, locate_pte, out
 from hub_export.quiet import quiet_torch
 from hub_export.runtime.process_env import prepare_pte_process
 from hub_export.tasks.fill_mask.run import fill_mask as fill_masked
@@ -29,7 +29,7 @@ def fill_mask_command(
     """Print the words a fill-mask file puts at each mask of a text, with their probabilities."""
     prepare_pte_process()
     quiet_torch()
-    pte, tokenizer_dir = _locate_pte(target, variant, endpoint, token)
+    pte, tokenizer_dir = locate_pte(target, variant, endpoint, token)
     result = fill_masked(pte, tokenizer or tokenizer_dir, text, top_k=top_k)
     table = Table(title=escape(f"{pte.name}: {text}"))
     for index in range(len(result.masks)):

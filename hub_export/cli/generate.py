@@ -13,10 +13,10 @@ from hub_export.cli.common import (
     TOKEN_HELP,
     TOKENIZER_HELP,
     VARIANT_HELP,
-    _locate_pte,
-    _task_of_folder,
     app,
     err,
+    locate_pte,
+    task_of_folder,
 )
 from hub_export.quiet import quiet_torch
 from hub_export.runtime.process_env import prepare_pte_process
@@ -70,8 +70,8 @@ def generate(
     """Stream text from an exported model and report prefill/decode tokens/s."""
     prepare_pte_process()
     quiet_torch()
-    pte, tokenizer_dir = _locate_pte(target, variant, endpoint, token)
-    if _task_of_folder(Path(tokenizer_dir)) == "text2text-generation":
+    pte, tokenizer_dir = locate_pte(target, variant, endpoint, token)
+    if task_of_folder(Path(tokenizer_dir)) == "text2text-generation":
         from hub_export.tasks.text_to_text.run import (
             generate_text,  # torch and ExecuTorch: loaded when a file is run
         )

@@ -9,7 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, VARIANT_HELP, _locate_pte, app, out
+from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, VARIANT_HELP, app, locate_pte, out
 from hub_export.hub.card import human_size, memory_facts
 from hub_export.pipeline.manifest import Manifest, Variant
 from hub_export.quiet import quiet_torch
@@ -33,7 +33,7 @@ def inspect_command(
     )
 
     quiet_torch()
-    pte, folder = _locate_pte(target, variant, endpoint, token)
+    pte, folder = locate_pte(target, variant, endpoint, token)
     summary = inspect_pte(pte)
     recorded = _manifest_variant(Path(folder), pte.name)
     checked = recorded.verification.line() if recorded else None

@@ -14,9 +14,9 @@ from hub_export.cli.common import (
     RAY_HELP,
     RETRIES_HELP,
     TOKEN_HELP,
-    _stages,
     app,
     err,
+    live_stages,
     out,
     with_export_options,
 )
@@ -77,7 +77,7 @@ def push_command(
         quiet_torch()
     with (
         make_engine(ray and source is not None, ray_address if source is not None else None, retries) as engine,
-        _stages(f"pushing {source or from_dir}") as say,
+        live_stages(f"pushing {source or from_dir}") as say,
     ):
         result = push(
             source,

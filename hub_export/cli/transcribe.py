@@ -7,7 +7,7 @@ from pathlib import Path
 import typer
 from rich.markup import escape
 
-from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, VARIANT_HELP, _locate_pte, app, err
+from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, VARIANT_HELP, app, err, locate_pte
 from hub_export.quiet import quiet_torch
 from hub_export.runtime.process_env import prepare_pte_process
 from hub_export.tasks.speech.run import transcribe as transcribe_audio
@@ -27,7 +27,7 @@ def transcribe(
     """Print the text of each audio file, with the real-time factor."""
     prepare_pte_process()
     quiet_torch()
-    pte, folder = _locate_pte(target, variant, endpoint, token)
+    pte, folder = locate_pte(target, variant, endpoint, token)
     for path in audio:
         result = transcribe_audio(pte, folder, path, language=language, translate=translate, timestamps=timestamps)
         for segment in result.segments:

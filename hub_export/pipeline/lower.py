@@ -8,14 +8,13 @@ from typing import Any
 
 import torch
 
-from hub_export.patches import (
+from hub_export.patches import edge_compile_config, xnnpack_partitioner_configs
+from hub_export.patches.lowering import (
     compact_dependency_viewers,
     decomposing_once,
-    edge_compile_config,
     forgetting_tracing_caches,
     skipping_idle_edge_passes,
     skipping_idle_xnnpack_passes,
-    xnnpack_partitioner_configs,
 )
 
 

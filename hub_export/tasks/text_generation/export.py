@@ -19,7 +19,8 @@ import contextlib
 import torch
 from torch import nn
 
-from hub_export.patches import delegable_norms, forget_compiled_globals
+from hub_export.patches import delegable_norms
+from hub_export.patches.lowering import forget_compiled_globals
 from hub_export.tasks.text_generation import kv_cache
 from hub_export.tasks.text_generation.kv_cache import CacheLayout, ForwardContext, KVCache, plan_layers
 

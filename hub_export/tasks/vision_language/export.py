@@ -40,7 +40,8 @@ import torch
 from torch import nn
 
 from hub_export.errors import InputError, VerificationError, first_line, opt
-from hub_export.patches import delegable_norms, forget_compiled_globals
+from hub_export.patches import delegable_norms
+from hub_export.patches.lowering import forget_compiled_globals
 from hub_export.pipeline import quantize
 from hub_export.pipeline.build import token_ids as decoder_token_ids
 from hub_export.pipeline.lower import runner_metadata
@@ -64,8 +65,8 @@ from hub_export.tasks.vision_language.model import (
     METHODS,
     Family,
     VisionLanguageModel,
-    _zero_cache,
     family_of,
+    zero_cache,
 )
 from hub_export.tasks.vision_language.run import (
     EagerSteps,
@@ -159,7 +160,7 @@ def export(wrapped: VisionLanguageModel, max_seq_len: int) -> dict[str, torch.ex
                 strict=_strict(wrapped.text_decoder.layout),
             ),
         }
-    _zero_cache(wrapped)
+    zero_cache(wrapped)
     return programs
 
 
@@ -305,7 +306,7 @@ def reference(model: nn.Module, folder: Path, max_seq_len: int) -> VisionLanguag
         features.append(torch.cat(embeds, dim=1))
     text_ids = _eval_text_ids(tokenizer)
     fp32_perplexity = perplexity(text_scores(steps, text_ids), text_ids)
-    _zero_cache(wrapped)
+    zero_cache(wrapped)
     tokenizer_json = (folder / "tokenizer.json").read_text(encoding="utf-8")
     return VisionLanguageReference(items, prompts, answers, scores, features, text_ids, fp32_perplexity, eos,
                                    max_seq_len, tokenizer_json)  # fmt: skip
@@ -318,7 +319,7 @@ def expected(wrapped: VisionLanguageModel, reference: VisionLanguageReference) -
         rows, embeds = teacher_forced(steps, prompt, answer)
         scores.append(rows)
         features.append(torch.cat(embeds, dim=1))
-    _zero_cache(wrapped)
+    zero_cache(wrapped)
     return VisionLanguageExpected(features, scores)
 
 

@@ -253,5 +253,5 @@ class VisionLanguageModel(nn.Module):
         return self.family.image_tokens(self.config)
 
 
-def _zero_cache(wrapped: VisionLanguageModel) -> None:
+def zero_cache(wrapped: VisionLanguageModel) -> None:
     wrapped.text_decoder.cache.reset()
