@@ -30,7 +30,7 @@ from hub_export.errors import InputError
 from hub_export.hub.localhub import LocalHubStore, serve_in_thread
 from hub_export.hub.localhub.cli import app as hub_cli
 from hub_export.hub.localhub.objects import Entry
-from hub_export.hub.localhub.store import AddFile
+from hub_export.hub.localhub.records import AddFile
 
 MAX_BODY_MB = 1
 MIB = 1024 * 1024

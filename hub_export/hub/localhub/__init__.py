@@ -10,9 +10,10 @@ The real ``huggingface_hub`` client talks to it through ``HfApi(endpoint=...)`` 
         HfApi(endpoint=hub.endpoint, token=token).create_repo("alice/demo")
 """
 
-from .server import create_app
-from .serving import LocalHub, default_root, serve, serve_in_thread
-from .store import Caller, HubAPIError, LocalHubStore, Repo, add_member, add_org, add_user
+from hub_export.hub.localhub.records import Caller, HubAPIError, Repo
+from hub_export.hub.localhub.server import create_app
+from hub_export.hub.localhub.serving import LocalHub, default_root, serve, serve_in_thread
+from hub_export.hub.localhub.store import LocalHubStore, add_member, add_org, add_user
 
 __all__ = [
     "Caller",

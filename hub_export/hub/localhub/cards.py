@@ -10,8 +10,8 @@ from typing import Any
 
 import yaml
 
-from .objects import Tree
-from .store import (
+from hub_export.hub.localhub.objects import Tree
+from hub_export.hub.localhub.store import (
     LocalHubStore,
 )
 

@@ -8,9 +8,15 @@ from typing import Annotated
 import typer
 
 from hub_export.errors import HubExportError
-
-from .serving import DEFAULT_HOST, DEFAULT_MAX_BODY_MB, DEFAULT_MAX_LFS_GB, DEFAULT_PORT, default_root, serve
-from .store import BLOB_MIN_AGE, LocalHubStore
+from hub_export.hub.localhub.serving import (
+    DEFAULT_HOST,
+    DEFAULT_MAX_BODY_MB,
+    DEFAULT_MAX_LFS_GB,
+    DEFAULT_PORT,
+    default_root,
+    serve,
+)
+from hub_export.hub.localhub.store import BLOB_MIN_AGE, LocalHubStore
 
 app = typer.Typer(
     help="A local, persistent, Hugging Face Hub-compatible server (the offline default hub).",

@@ -11,15 +11,9 @@ from urllib.parse import unquote
 from fastapi import Request
 
 from hub_export.hub.localhub.cards import card_data, card_tags
-
-from .objects import Entry, Tree, folder_oid
-from .store import (
-    Caller,
-    Commit,
-    HubAPIError,
-    LocalHubStore,
-    Repo,
-)
+from hub_export.hub.localhub.objects import Entry, Tree, folder_oid
+from hub_export.hub.localhub.records import Caller, Commit, HubAPIError, Repo
+from hub_export.hub.localhub.store import LocalHubStore
 
 KINDS = {"models": "model", "datasets": "dataset", "spaces": "space"}
 

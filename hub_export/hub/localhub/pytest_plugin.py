@@ -17,8 +17,8 @@ from pathlib import Path
 import pytest
 from huggingface_hub import HfApi, constants
 
-from .serving import LocalHub, serve_in_thread
-from .store import LocalHubStore
+from hub_export.hub.localhub.serving import LocalHub, serve_in_thread
+from hub_export.hub.localhub.store import LocalHubStore
 
 _TOKEN_VARIABLES = ("HF_TOKEN", "HUGGING_FACE_HUB_TOKEN", "HF_OIDC_RESOURCE", "HF_OIDC_ID_TOKEN")
 

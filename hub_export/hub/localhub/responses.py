@@ -13,11 +13,8 @@ from starlette.exceptions import HTTPException as StarletteHTTPException
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from hub_export.errors import HubExportError
+from hub_export.hub.localhub.records import HubAPIError
 from hub_export.redact import redact_query
-
-from .store import (
-    HubAPIError,
-)
 
 logger = logging.getLogger("hub_export.hub.localhub")
 _HEADER_LIMIT = 1000  # characters of an error message echoed in X-Error-Message

@@ -39,6 +39,8 @@ from hub_export.hub.localhub.context import (
     sign_url,
     store_of,
 )
+from hub_export.hub.localhub.objects import Tree, UploadMismatch, folders
+from hub_export.hub.localhub.records import Caller, HubAPIError, Repo, entry_not_found
 from hub_export.hub.localhub.responses import (
     BodyLimit,
     RequestLog,
@@ -50,17 +52,9 @@ from hub_export.hub.localhub.responses import (
     on_validation_error,
     too_large,
 )
+from hub_export.hub.localhub.storage import lfs_by_default
+from hub_export.hub.localhub.store import LocalHubStore
 from hub_export.hub.localhub.uploads import SHA256_HEX, parse_commit, preupload_item
-
-from .objects import Tree, UploadMismatch, folders
-from .store import (
-    Caller,
-    HubAPIError,
-    LocalHubStore,
-    Repo,
-    entry_not_found,
-    lfs_by_default,
-)
 
 logger = logging.getLogger("hub_export.hub.localhub")
 

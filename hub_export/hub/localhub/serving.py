@@ -16,9 +16,8 @@ import uvicorn
 from uvicorn.config import LOGGING_CONFIG
 
 from hub_export.errors import InputError
-
-from .server import DEFAULT_MAX_BODY, DEFAULT_MAX_LFS, create_app
-from .store import LocalHubStore
+from hub_export.hub.localhub.server import DEFAULT_MAX_BODY, DEFAULT_MAX_LFS, create_app
+from hub_export.hub.localhub.store import LocalHubStore
 
 DEFAULT_HOST = "127.0.0.1"
 DEFAULT_PORT = 7863

@@ -11,26 +11,19 @@ methods that take a :class:`Repo` trust their caller.
 
 from __future__ import annotations
 
-import fnmatch
-import hashlib
 import os
 import re
 import secrets
 import sqlite3
-import string
 import time
 from collections.abc import Iterator
 from contextlib import contextmanager
-from dataclasses import dataclass
-from datetime import datetime, timezone
 from pathlib import Path
 
 from hub_export.errors import InputError
-
-from .objects import (
+from hub_export.hub.localhub.objects import (
     BlobStore,
     Entry,
-    SweepResult,
     Tree,
     commit_oid,
     folders,
@@ -40,208 +33,35 @@ from .objects import (
     tree_id,
     tree_to_json,
 )
+from hub_export.hub.localhub.records import (
+    DEFAULT_BRANCH,
+    REPO_TYPES,
+    AddFile,
+    AddLfs,
+    Caller,
+    Commit,
+    CommitResult,
+    Delete,
+    GcResult,
+    HubAPIError,
+    Repo,
+    entry_not_found,
+    now_iso,
+    repo_not_found,
+    revision_not_found,
+    validate_name,
+    validate_path,
+)
+from hub_export.hub.localhub.storage import GITATTRIBUTES, SCHEMA, hash_token, new_token, ref_candidates
 
-REPO_TYPES = ("model", "dataset", "space")
-URL_PREFIXES = {"model": "", "dataset": "datasets/", "space": "spaces/"}
-DEFAULT_BRANCH = "main"
-LFS_SIZE_THRESHOLD = 10 * 1024 * 1024
-LFS_PATTERNS = (
-    "*.7z *.arrow *.bin *.bz2 *.ckpt *.ftz *.gguf *.gz *.h5 *.joblib *.lfs.* *.mlmodel *.model *.msgpack *.npy"
-    " *.npz *.onnx *.ot *.parquet *.pb *.pickle *.pkl *.pt *.pte *.pth *.rar *.safetensors *.tar *.tar.* *.tflite"
-    " *.tgz *.wasm *.xz *.zip *.zst *tfevents*"
-).split()
-GITATTRIBUTES = "".join(f"{p} filter=lfs diff=lfs merge=lfs -text\n" for p in LFS_PATTERNS).encode()
-
-_NAME_RE = re.compile(r"[A-Za-z0-9._-]+")
-# Control characters break logs and headers; lone surrogates cannot be stored as UTF-8.
-_BAD_PATH_CHARS = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 # An upload writes its temp file all along: an hour without a write is a dead upload.
 TEMP_MIN_AGE = 3600
 # An uploaded LFS object waits for its commit, which a large multi-file upload sends hours later.
 BLOB_MIN_AGE = 24 * 3600
 _OID_RE = re.compile(r"[0-9a-f]{40}")
-# Path segments the Hub serves under a namespace, so no account may take them.
-_RESERVED = {"api", "datasets", "spaces", "models", "buckets", "docs", "settings", "new", "organizations", "lfs"}
-_TOKEN_ALPHABET = string.ascii_letters
-
-_SCHEMA = """
-CREATE TABLE IF NOT EXISTS accounts (name TEXT PRIMARY KEY, kind TEXT NOT NULL, created_at TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS members (org TEXT NOT NULL, user TEXT NOT NULL, role TEXT NOT NULL, PRIMARY KEY (org, user));
-CREATE TABLE IF NOT EXISTS tokens (
-    hash TEXT PRIMARY KEY, user TEXT NOT NULL, role TEXT NOT NULL, created_at TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS repos (
-    id INTEGER PRIMARY KEY, type TEXT NOT NULL, namespace TEXT NOT NULL, name TEXT NOT NULL,
-    private INTEGER NOT NULL, created_at TEXT NOT NULL, UNIQUE (type, namespace, name));
-CREATE TABLE IF NOT EXISTS trees (id TEXT PRIMARY KEY, entries TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS commits (
-    repo INTEGER NOT NULL, oid TEXT NOT NULL, parent TEXT, tree TEXT NOT NULL, author TEXT NOT NULL,
-    date TEXT NOT NULL, title TEXT NOT NULL, message TEXT NOT NULL, PRIMARY KEY (repo, oid));
-CREATE TABLE IF NOT EXISTS refs (
-    repo INTEGER NOT NULL, name TEXT NOT NULL, target TEXT NOT NULL, PRIMARY KEY (repo, name));
-CREATE TABLE IF NOT EXISTS objects (sha256 TEXT PRIMARY KEY, size INTEGER NOT NULL);
-CREATE TABLE IF NOT EXISTS repo_objects (repo INTEGER NOT NULL, sha256 TEXT NOT NULL, PRIMARY KEY (repo, sha256));
-CREATE TABLE IF NOT EXISTS gates (repo INTEGER PRIMARY KEY, mode TEXT NOT NULL);
-CREATE TABLE IF NOT EXISTS gate_access (repo INTEGER NOT NULL, user TEXT NOT NULL, PRIMARY KEY (repo, user));
-"""
-
-
-class HubAPIError(Exception):
-    """A failure answered the way the Hub answers it: status, ``X-Error-Code`` and ``{"error": msg}``."""
-
-    def __init__(self, status: int, message: str, code: str | None = None, *, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.headers = headers or {}
-
-
-def repo_not_found() -> HubAPIError:
-    return HubAPIError(404, "Repository not found", "RepoNotFound")
-
-
-def revision_not_found(rev: str) -> HubAPIError:
-    return HubAPIError(404, f"Invalid rev id: {rev}", "RevisionNotFound")
-
-
-def entry_not_found(message: str, commit: str | None = None) -> HubAPIError:
-    headers = {"X-Repo-Commit": commit} if commit else None
-    return HubAPIError(404, message, "EntryNotFound", headers=headers)
-
-
-def now_iso() -> str:
-    """UTC time the way the Hub writes it: ``2024-01-02T03:04:05.678Z``."""
-    now = datetime.now(timezone.utc)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
-
-
-def validate_name(name: str, what: str = "repo name") -> str:
-    """Enforce the Hub's naming rules; raise :class:`InputError` (answered as 400) otherwise."""
-    problem = None
-    if not name or not _NAME_RE.fullmatch(name):
-        problem = "use only letters, digits, '.', '_' and '-'"
-    elif name[0] in ".-" or name[-1] in ".-":
-        problem = "it cannot start or end with '.' or '-'"
-    elif "--" in name or ".." in name:
-        problem = "it cannot contain '--' or '..'"
-    elif len(name) > 96:
-        problem = "it is longer than 96 characters"
-    elif name.endswith(".git") or name.lower() in _RESERVED:
-        problem = "this name is reserved"
-    if problem:
-        raise InputError(f"Invalid {what} '{name}': {problem}.")
-    return name
-
-
-def validate_path(path: str) -> str:
-    """A path inside a repository: relative, no empty, '.', '..' or '.git' segments."""
-    parts = path.split("/")
-    if not path or any(p in ("", ".", "..", ".git") for p in parts) or "\\" in path or _BAD_PATH_CHARS.search(path):
-        raise InputError(f"Invalid path in repository: '{path}'.")
-    return path
-
-
-def lfs_by_default(path: str, size: int, sample: bytes) -> bool:
-    """Whether the Hub would store this file through LFS: large, binary, or an LFS extension."""
-    name = path.rsplit("/", 1)[-1]
-    return size >= LFS_SIZE_THRESHOLD or b"\0" in sample or any(fnmatch.fnmatch(name, p) for p in LFS_PATTERNS)
-
-
-def _hash_token(token: str) -> str:
-    return hashlib.sha256(token.encode()).hexdigest()
-
-
-def _new_token() -> str:
-    return "hf_" + "".join(secrets.choice(_TOKEN_ALPHABET) for _ in range(34))
-
-
-def _ref_candidates(rev: str) -> list[str]:
-    return [rev] if rev.startswith("refs/") else [f"refs/heads/{rev}", f"refs/tags/{rev}"]
-
-
-@dataclass(frozen=True)
-class Caller:
-    """The account behind a token, its token's role, and its org roles."""
-
-    name: str
-    can_write: bool
-    orgs: dict[str, str]
-
-
-@dataclass(frozen=True)
-class Repo:
-    id: int
-    type: str
-    namespace: str
-    name: str
-    private: bool
-    created_at: str
-
-    @property
-    def repo_id(self) -> str:
-        return f"{self.namespace}/{self.name}"
-
-    @property
-    def url_path(self) -> str:
-        """Path of the repo page relative to the endpoint, e.g. ``datasets/acme/data``."""
-        return URL_PREFIXES[self.type] + self.repo_id
-
-
-@dataclass(frozen=True)
-class Commit:
-    oid: str
-    parent: str | None
-    tree: str
-    author: str
-    date: str
-    title: str
-    message: str
-
-
-@dataclass(frozen=True)
-class AddFile:
-    """Add content already stored in the blob store as a regular (non-LFS) file."""
-
-    path: str
-    entry: Entry
-
-
-@dataclass(frozen=True)
-class AddLfs:
-    """Point a path at an LFS object uploaded to this repository beforehand."""
-
-    path: str
-    sha256: str
-    size: int | None
-
-
-@dataclass(frozen=True)
-class Delete:
-    path: str
-    folder: bool = False
 
 
 Operation = AddFile | AddLfs | Delete
-
-
-@dataclass(frozen=True)
-class CommitResult:
-    oid: str
-    pr_num: int | None
-    created: bool
-
-
-@dataclass(frozen=True)
-class GcResult:
-    temp: SweepResult
-    blobs: SweepResult
-
-    def __str__(self) -> str:
-        freed = (self.temp.bytes + self.blobs.bytes) / 1024**2
-        return (
-            f"Removed {self.temp.count} temp file(s) and {self.blobs.count} unreferenced blob(s),"
-            f" {freed:.1f} MiB freed."
-        )
 
 
 class LocalHubStore:
@@ -260,7 +80,7 @@ class LocalHubStore:
         self.blobs = BlobStore(self.root)
         with self._connect() as db:
             db.execute("PRAGMA journal_mode=WAL")
-            db.executescript(_SCHEMA)
+            db.executescript(SCHEMA)
         self.secret = self._load_secret()
 
     # -- plumbing ---------------------------------------------------------------
@@ -344,7 +164,7 @@ class LocalHubStore:
     def authenticate(self, token: str) -> Caller | None:
         """The caller a token belongs to, or None for an unknown token."""
         with self._connect() as db:
-            row = db.execute("SELECT user, role FROM tokens WHERE hash = ?", (_hash_token(token),)).fetchone()
+            row = db.execute("SELECT user, role FROM tokens WHERE hash = ?", (hash_token(token),)).fetchone()
             if row is None:
                 return None
             orgs = db.execute("SELECT org, role FROM members WHERE user = ?", (row["user"],)).fetchall()
@@ -381,9 +201,9 @@ class LocalHubStore:
 
     @staticmethod
     def _issue_token(db: sqlite3.Connection, user: str, read_only: bool) -> str:
-        token = _new_token()
+        token = new_token()
         role = "read" if read_only else "write"
-        db.execute("INSERT INTO tokens VALUES (?, ?, ?, ?)", (_hash_token(token), user, role, now_iso()))
+        db.execute("INSERT INTO tokens VALUES (?, ?, ?, ?)", (hash_token(token), user, role, now_iso()))
         return token
 
     # -- access -----------------------------------------------------------------
@@ -733,7 +553,7 @@ class LocalHubStore:
         return max((int(r["name"].rsplit("/", 1)[1]) for r in rows), default=0) + 1
 
     def _resolve(self, db: sqlite3.Connection, repo: Repo, rev: str) -> Commit:
-        for ref in _ref_candidates(rev):
+        for ref in ref_candidates(rev):
             row = db.execute("SELECT target FROM refs WHERE repo = ? AND name = ?", (repo.id, ref)).fetchone()
             if row is not None:
                 commit = self._commit(db, repo, row["target"])

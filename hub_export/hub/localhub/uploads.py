@@ -12,17 +12,9 @@ from hub_export.hub.localhub.context import (
     parse_json,
     required_field,
 )
-
-from .objects import Entry
-from .store import (
-    AddFile,
-    AddLfs,
-    Delete,
-    HubAPIError,
-    LocalHubStore,
-    Operation,
-    validate_path,
-)
+from hub_export.hub.localhub.objects import Entry
+from hub_export.hub.localhub.records import AddFile, AddLfs, Delete, HubAPIError, validate_path
+from hub_export.hub.localhub.store import LocalHubStore, Operation
 
 SHA256_HEX = re.compile(r"[0-9a-f]{64}")
 
