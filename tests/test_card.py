@@ -17,7 +17,8 @@ from typer.testing import CliRunner
 from hub_export.cli import app
 from hub_export.errors import InputError
 from hub_export.hub.card import read_source_card, render_card, write_card
-from hub_export.pipeline.manifest import Manifest, Variant, Verification, sha256_file
+from hub_export.pipeline.manifest import Manifest, Variant, sha256_file
+from hub_export.pipeline.records import Verification
 
 ENDPOINT = "https://hub.example"
 SOURCE_CARD = """---

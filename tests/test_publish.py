@@ -29,7 +29,8 @@ from hub_export.hub.localhub.pytest_plugin import LocalHubFixture
 from hub_export.hub.pull import list_variants, pull
 from hub_export.hub.push import PushResult, push
 from hub_export.models.tiny import build_tiny_model
-from hub_export.pipeline.manifest import Manifest, Verification, sha256_file
+from hub_export.pipeline.manifest import Manifest, sha256_file
+from hub_export.pipeline.records import Verification
 
 HUB_EXPORT = Path(sys.executable).parent / "hub-export"
 EXPORTED_FILES = {"config.json", "generation_config.json", "tokenizer.json", "tokenizer_config.json"}

@@ -111,7 +111,8 @@ def test_recipe_options_that_cannot_work_are_refused(options, message):
 
 def test_the_card_plots_size_against_quality_for_three_variants():
     from hub_export.hub.card import FRONTIER_PLOT, frontier_png, render_card
-    from hub_export.pipeline.manifest import Manifest, Quality, Variant, Verification
+    from hub_export.pipeline.manifest import Manifest, Variant
+    from hub_export.pipeline.records import Quality, Verification
 
     def variant(qmode: str, size: int, ratio: float) -> Variant:
         quality = Quality(text="eval_en.txt", tokens=2048, perplexity=20 * ratio, fp32_perplexity=20.0, ratio=ratio)

@@ -193,7 +193,8 @@ def test_an_abandoned_job_keeps_its_slot_and_cleans_up(tmp_path: Path) -> None:
 
 
 def test_variants_table_shows_quality_and_verification() -> None:
-    from hub_export.pipeline.manifest import Manifest, Variant, Verification
+    from hub_export.pipeline.manifest import Manifest, Variant
+    from hub_export.pipeline.records import Verification
 
     def variant(qmode: str, verification: dict) -> Variant:
         return Variant(

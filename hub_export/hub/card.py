@@ -23,7 +23,8 @@ import yaml
 from hub_export.errors import InputError, opt
 from hub_export.pipeline import quantize
 from hub_export.pipeline.calibrate import MixedPlan
-from hub_export.pipeline.manifest import Manifest, Quality, Variant
+from hub_export.pipeline.manifest import Manifest, Variant
+from hub_export.pipeline.records import Quality
 from hub_export.tasks.archs import attention_window
 from hub_export.tasks.registry import TASKS, TEXT_GENERATION, Task
 

@@ -21,7 +21,8 @@ from hub_export.patches import release_memory
 from hub_export.pipeline import quantize, streaming
 from hub_export.pipeline import source as source_stage
 from hub_export.pipeline.lower import is_dynamic, runner_metadata, to_pte
-from hub_export.pipeline.manifest import Variant, Verification, sha256_file
+from hub_export.pipeline.manifest import Variant, sha256_file
+from hub_export.pipeline.records import Verification
 from hub_export.pipeline.verify import expected_logits, text_config, token_ids, verify
 from hub_export.runtime.inspection import delegation_record, inspect_pte
 from hub_export.runtime.pte import MemoryProbe

@@ -33,7 +33,7 @@ import torch
 from hub_export.bug_log import as_bug
 from hub_export.errors import VerificationError, first_line
 from hub_export.patches import set_threads
-from hub_export.pipeline.manifest import Quality, Verification
+from hub_export.pipeline.records import Quality, Verification
 from hub_export.runtime.pte import PteModel, runner_generate
 from hub_export.tasks.text_generation.export import eager_attention
 

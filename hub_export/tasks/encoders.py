@@ -36,8 +36,8 @@ import torch
 from torch import nn
 
 from hub_export.errors import VerificationError, first_line
-from hub_export.pipeline.manifest import Verification
 from hub_export.pipeline.quantize import QEMBEDDINGS, QMode
+from hub_export.pipeline.records import Verification
 from hub_export.runtime.pte import PteModel
 from hub_export.tasks import registry as tasks
 

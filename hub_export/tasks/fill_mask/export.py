@@ -28,8 +28,8 @@ import torch
 from torch import nn
 
 from hub_export.errors import InputError
-from hub_export.pipeline.manifest import Verification
 from hub_export.pipeline.quantize import QMode
+from hub_export.pipeline.records import Verification
 from hub_export.tasks.encoders import EncoderReference, judge_labels
 from hub_export.tasks.sentence_embeddings import export as embeddings
 

@@ -27,8 +27,8 @@ import torch
 from torch import nn
 
 from hub_export.errors import InputError, opt
-from hub_export.pipeline.manifest import Verification
 from hub_export.pipeline.quantize import QMode
+from hub_export.pipeline.records import Verification
 from hub_export.tasks.encoders import EncoderReference, judge_labels
 
 EVAL_IMAGES = 32

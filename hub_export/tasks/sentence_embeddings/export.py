@@ -32,8 +32,8 @@ import torch
 from torch import nn
 
 from hub_export.errors import InputError
-from hub_export.pipeline.manifest import Verification
 from hub_export.pipeline.quantize import QMode
+from hub_export.pipeline.records import Verification
 from hub_export.runtime.pte import PteModel
 from hub_export.tasks.archs import max_positions
 from hub_export.tasks.encoders import EncoderReference, weight_bits

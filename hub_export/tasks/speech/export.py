@@ -39,8 +39,8 @@ from torch import nn
 
 from hub_export.errors import InputError, VerificationError, first_line, opt
 from hub_export.pipeline import quantize
-from hub_export.pipeline.manifest import Verification
 from hub_export.pipeline.quantize import QMode
+from hub_export.pipeline.records import Verification
 from hub_export.tasks.encoders import label_figures
 
 SAMPLE_RATE = 16000

@@ -28,8 +28,8 @@ from torch import nn
 from hub_export.errors import InputError, VerificationError, first_line
 from hub_export.patches import delegable_norms
 from hub_export.pipeline import quantize
-from hub_export.pipeline.manifest import Verification
 from hub_export.pipeline.quantize import QMode
+from hub_export.pipeline.records import Verification
 from hub_export.tasks.encoders import label_figures
 from hub_export.tasks.sentence_embeddings.export import eval_sentences
 from hub_export.tasks.speech.export import EncoderDecoderFile, load_custom_ops

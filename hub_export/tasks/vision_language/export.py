@@ -45,8 +45,8 @@ from hub_export.patches.lowering import forget_compiled_globals
 from hub_export.pipeline import quantize
 from hub_export.pipeline.build import token_ids as decoder_token_ids
 from hub_export.pipeline.lower import runner_metadata
-from hub_export.pipeline.manifest import Verification
 from hub_export.pipeline.quantize import QMode
+from hub_export.pipeline.records import Verification
 from hub_export.pipeline.verify import (  # the text decoder's bounds, one definition
     MAX_MEAN_KL,
     MIN_TOP1,
