@@ -16,7 +16,8 @@ from typer.testing import CliRunner
 
 from hub_export.cli import app
 from hub_export.errors import InputError
-from hub_export.hub.card import read_source_card, render_card, write_card
+from hub_export.hub.card import render_card, write_card
+from hub_export.hub.source_card import read_source_card
 from hub_export.pipeline.manifest import Manifest, Variant, sha256_file
 from hub_export.pipeline.records import Verification
 
@@ -326,7 +327,7 @@ def test_a_declared_license_drops_the_inherited_license_name_and_link(tmp_path: 
 
 
 def test_declarations_are_checked_before_anything_runs() -> None:
-    from hub_export.hub.card import declared_source
+    from hub_export.hub.source_card import declared_source
     from hub_export.options import ExportOptions
     from hub_export.pipeline.export import _declared_source, export
 

@@ -7,7 +7,8 @@ from pathlib import Path
 import typer
 
 from hub_export.cli.common import ENDPOINT_HELP, app, out
-from hub_export.hub.card import remember_source_card, write_card
+from hub_export.hub.card import write_card
+from hub_export.hub.source_card import remember_source_card
 
 
 @app.command("card", epilog="Example:\n\n  hub-export card out/ --template my_card.md.j2")

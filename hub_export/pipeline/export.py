@@ -17,7 +17,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hub_export.errors import InputError, opt
-from hub_export.hub.card import declared_source as checked
+from hub_export.hub.source_card import declared_source as checked
 from hub_export.options import DEFAULT_QUALITY_TOKENS, ExportOptions, options_with, variant_filename
 from hub_export.pipeline import quantize
 from hub_export.pipeline.engines import LocalEngine
