@@ -100,7 +100,8 @@ def time_file(pte: str, features_path: str, source: str) -> dict:
     import torch
 
     from hub_export.runtime.pte import PteModel
-    from hub_export.tasks.speech.export import eval_clips, generation_settings, greedy_tokens, prompt_ids
+    from hub_export.tasks.speech.export import eval_clips, generation_settings
+    from hub_export.tasks.speech.decoding import greedy_tokens, prompt_ids
 
     model = PteModel(pte)
     settings = generation_settings(Path(source))
@@ -147,7 +148,7 @@ def as_optimum_decodes(pte: str, features_path: Path) -> list[list[int]]:
     """The tokens our file's methods give under optimum-executorch's loop (start token only, plain argmax, EOS kept)."""
     import torch
 
-    from hub_export.tasks.speech.export import SpeechFile
+    from hub_export.tasks.speech.decoding import SpeechFile
 
     file = SpeechFile(pte)
     start, eos = int(file.model.metadata["decoder_start_token_id"]), int(file.model.metadata["get_eos_id"])

@@ -68,7 +68,8 @@ def test_the_file_transcribes_as_the_eager_model_does(exported_whisper, tiny_whi
     from transformers import WhisperForConditionalGeneration
 
     from hub_export.tasks.speech import run as transcribe
-    from hub_export.tasks.speech.export import generation_settings, greedy_tokens, prompt_ids, read_audio, wrap
+    from hub_export.tasks.speech.decoding import greedy_tokens, prompt_ids, read_audio
+    from hub_export.tasks.speech.export import generation_settings, wrap
 
     result = transcribe(exported_whisper / "model-fp32-emb8w.pte", exported_whisper, spoken)
     model = WhisperForConditionalGeneration.from_pretrained(tiny_whisper).eval()
@@ -225,7 +226,7 @@ def test_a_speech_repo_goes_through_push_ls_transcribe_and_the_preview(
 
 
 def test_timestamp_tokens_become_timed_segments() -> None:
-    from hub_export.tasks.speech.export import Segment, segments
+    from hub_export.tasks.speech.decoding import Segment, segments
 
     settings = {"no_timestamps_token_id": 100}
     at = lambda seconds: 101 + round(seconds / 0.02)  # noqa: E731
@@ -281,7 +282,7 @@ def test_layer_norms_in_the_delegable_shape_compute_the_same() -> None:
 
 
 def test_multilingual_prompts_name_language_and_task() -> None:
-    from hub_export.tasks.speech.export import prompt_ids
+    from hub_export.tasks.speech.decoding import prompt_ids
 
     settings = {
         "decoder_start_token_id": 50258, "eos_token_id": 50257, "no_timestamps_token_id": 50363,
@@ -299,7 +300,7 @@ def test_multilingual_prompts_name_language_and_task() -> None:
 def test_audio_files_of_each_format_read_as_16_khz_mono(spoken, tmp_path, suffix) -> None:
     import soundfile
 
-    from hub_export.tasks.speech.export import read_audio
+    from hub_export.tasks.speech.decoding import read_audio
 
     audio, rate = soundfile.read(spoken, dtype="float32")
     other = tmp_path / f"speech.{suffix}"

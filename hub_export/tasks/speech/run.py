@@ -20,7 +20,7 @@ from typing import TYPE_CHECKING
 from hub_export.errors import InputError
 
 if TYPE_CHECKING:
-    from hub_export.tasks.speech.export import Segment
+    from hub_export.tasks.speech.decoding import Segment
 
 
 @dataclass
@@ -60,16 +60,14 @@ def transcribe(
     """
     from tokenizers import Tokenizer
 
-    from hub_export.tasks.speech.export import (  # torch and ExecuTorch: loaded when a file is run
-        SAMPLE_RATE,
-        WINDOW_SAMPLES,
+    from hub_export.tasks.speech.decoding import (  # torch and ExecuTorch: loaded when a file is run
         SpeechFile,
-        generation_settings,
         greedy_tokens,
         prompt_ids,
         read_audio,
         segments,
     )
+    from hub_export.tasks.speech.export import SAMPLE_RATE, WINDOW_SAMPLES, generation_settings
 
     folder = Path(folder)
     for name in ("config.json", "tokenizer.json"):

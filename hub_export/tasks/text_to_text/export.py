@@ -32,7 +32,7 @@ from hub_export.pipeline.quantize import QMode
 from hub_export.pipeline.records import Verification
 from hub_export.tasks.encoders import label_figures
 from hub_export.tasks.sentence_embeddings.export import eval_sentences
-from hub_export.tasks.speech.export import EncoderDecoderFile, load_custom_ops
+from hub_export.tasks.speech.decoding import EncoderDecoderFile, load_custom_ops
 
 EVAL_PROMPTS = 16
 NEW_TOKENS = 24  # generated per prompt in verification

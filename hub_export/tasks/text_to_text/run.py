@@ -7,7 +7,7 @@ from pathlib import Path
 import torch
 
 from hub_export.errors import InputError
-from hub_export.tasks.speech.export import EncoderDecoderFile
+from hub_export.tasks.speech.decoding import EncoderDecoderFile
 from hub_export.tasks.text_to_text.export import DEFAULT_SOURCE_LEN, METHODS, greedy
 
 
