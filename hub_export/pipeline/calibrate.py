@@ -25,8 +25,8 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hub_export.errors import InputError, opt
-from hub_export.options import calibration_text_digest, read_calibration_text
 from hub_export.pipeline import quantize
+from hub_export.pipeline.calibration_text import calibration_text_digest, read_calibration_text
 
 if TYPE_CHECKING:
     import torch
