@@ -5,11 +5,11 @@ from __future__ import annotations
 import typer
 from rich.table import Table
 
-from hub_export.cli.common import app, out
+from hub_export.cli import common
 from hub_export.tasks.archs import FAMILIES, markdown_table
 
 
-@app.command()
+@common.app.command()
 def archs(markdown: bool = typer.Option(False, help="Print the Markdown table used in the README.")):
     """Show the supported model families."""
     if markdown:
@@ -22,4 +22,4 @@ def archs(markdown: bool = typer.Option(False, help="Print the Markdown table us
         table.add_row(
             family.task, family.name, ", ".join(family.model_types), family.cache, family.status, family.notes
         )
-    out.print(table)
+    common.out.print(table)

@@ -9,16 +9,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import (
-    ENDPOINT_HELP,
-    RAY_ADDRESS_HELP,
-    RAY_HELP,
-    RETRIES_HELP,
-    TOKEN_HELP,
-    app,
-    err,
-    out,
-)
+from hub_export.cli import common
 from hub_export.hub.card import human_size
 from hub_export.pipeline.batch import fp32_weight_bytes, read_plan, run_batch, summary
 from hub_export.pipeline.engines import engine as make_engine
@@ -74,7 +65,7 @@ def _plan_table(jobs, engine_name: str, token: str | None, endpoint: str | None)
     return table
 
 
-@app.command(
+@common.app.command(
     "batch",
     epilog=(
         "Example plan (keys are the export options' names):\n\n"
@@ -89,25 +80,25 @@ def _plan_table(jobs, engine_name: str, token: str | None, endpoint: str | None)
 def batch_command(
     plan: Path = typer.Argument(..., help="YAML plan: defaults and a list of jobs (source, repo, options)."),
     dry_run: bool = typer.Option(False, help="Print the plan with each job's estimated memory; build nothing."),
-    ray: bool = typer.Option(False, "--ray", help=RAY_HELP),
-    ray_address: str | None = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
-    retries: int = typer.Option(2, help=RETRIES_HELP),
-    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
-    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    ray: common.RayOption = False,
+    ray_address: common.RayAddressOption = None,
+    retries: common.RetriesOption = 2,
+    endpoint: common.EndpointOption = None,
+    token: common.TokenOption = None,
 ):
     """Export and push a catalogue: every job of PLAN, each repo in one commit, with a live table."""
     from rich.live import Live
 
     jobs = read_plan(plan)
     if dry_run:
-        out.print(_plan_table(jobs, "Ray" if ray or ray_address else "this machine", token, endpoint))
+        common.out.print(_plan_table(jobs, "Ray" if ray or ray_address else "this machine", token, endpoint))
         return
     quiet_torch()
     with make_engine(ray, ray_address, retries) as engine:
         where = engine.describe() if hasattr(engine, "describe") else "this machine"
-        err.print(f"[dim]{len(jobs)} job(s) on {escape(where)}[/dim]")
+        common.err.print(f"[dim]{len(jobs)} job(s) on {escape(where)}[/dim]")
         started = time.perf_counter()
-        with Live(_jobs_table([]), console=err, refresh_per_second=2, transient=False) as live:
+        with Live(_jobs_table([]), console=common.err, refresh_per_second=2, transient=False) as live:
 
             def log_line(state, line: str) -> None:  # printed above the live table
                 live.console.print(
@@ -126,7 +117,7 @@ def batch_command(
             live.update(_jobs_table(states))
     for state in states:
         if state.error:
-            err.print(f"[bold red]{escape(state.job.repo_id)}:[/bold red] {escape(state.error)}", soft_wrap=True)
-    out.print(summary(states))
+            common.err.print(f"[bold red]{escape(state.job.repo_id)}:[/bold red] {escape(state.error)}", soft_wrap=True)
+    common.out.print(summary(states))
     if any(state.state == "failed" for state in states):
         raise typer.Exit(1)

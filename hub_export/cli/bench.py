@@ -8,12 +8,12 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, VARIANT_HELP, app, locate_pte, out
+from hub_export.cli import common
 from hub_export.errors import InputError
 from hub_export.runtime.process_env import XNNPACK_ISAS
 
 
-@app.command(
+@common.app.command(
     epilog="Example:\n\n  hub-export bench out/ --variant 8da4w --prompt-tokens 128 --gen-tokens 128 --repeat 5"
 )
 def bench(
@@ -30,10 +30,10 @@ def bench(
         help="Run XNNPACK's kernels for an older x86 CPU on this one (avx2: no AVX-512, no VNNI), to see what a file "
         "does on such a laptop's code path.",
     ),
-    variant: str | None = typer.Option(None, help=VARIANT_HELP),
+    variant: common.VariantOption = None,
     as_json: bool = typer.Option(False, "--json", help="Print every run's figures as JSON."),
-    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
-    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    endpoint: common.EndpointOption = None,
+    token: common.TokenOption = None,
 ):
     """Measure prefill and decode tokens/s and peak memory of a .pte: median and range over fresh processes."""
     import dataclasses
@@ -44,7 +44,7 @@ def bench(
 
     if isa is not None and isa not in XNNPACK_ISAS:  # before a repo is downloaded
         raise InputError(f"unknown --isa {isa!r}; choose one of: {', '.join(XNNPACK_ISAS)}")
-    pte, _ = locate_pte(target, variant, endpoint, token)
+    pte, _ = common.locate_pte(target, variant, endpoint, token)
     result = run_bench(pte, prompt_tokens, gen_tokens, threads, repeat, isa=isa)
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(result)))
@@ -59,4 +59,4 @@ def bench(
                                ("peak_rss_bytes", "peak RSS MB", 1e6)):  # fmt: skip
         low, high = result.spread(name)
         table.add_row(label, f"{result.median(name) / scale:.1f}", f"{low / scale:.1f}", f"{high / scale:.1f}")
-    out.print(table)
+    common.out.print(table)

@@ -6,12 +6,12 @@ from pathlib import Path
 
 import typer
 
-from hub_export.cli.common import ENDPOINT_HELP, app, out
+from hub_export.cli import common
 from hub_export.hub.card import write_card
 from hub_export.hub.source_card import remember_source_card
 
 
-@app.command("card", epilog="Example:\n\n  hub-export card out/ --template my_card.md.j2")
+@common.app.command("card", epilog="Example:\n\n  hub-export card out/ --template my_card.md.j2")
 def card_command(
     folder: Path = typer.Argument(..., help="An export folder (with manifest.json)."),
     template: Path | None = typer.Option(None, help="Jinja2 template for the card body."),
@@ -19,9 +19,9 @@ def card_command(
         None, help="README.md of the source model: license/language to inherit (kept in the manifest)."
     ),
     repo_id: str | None = typer.Option(None, help="Repo the folder is published as (for the usage commands)."),
-    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
+    endpoint: common.EndpointOption = None,
 ):
     """(Re-)render FOLDER/README.md from FOLDER/manifest.json."""
     data = remember_source_card(folder, source_card) if source_card else None
     path = write_card(folder, data, template, endpoint, repo_id=repo_id)
-    out.print(f"Wrote {path}")
+    common.out.print(f"Wrote {path}")

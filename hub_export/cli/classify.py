@@ -8,27 +8,23 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, VARIANT_HELP, app, locate_pte, out
-from hub_export.quiet import quiet_torch
-from hub_export.runtime.process_env import prepare_pte_process
+from hub_export.cli import common
 from hub_export.tasks.image_classification.run import classify as classify_image
 
 
-@app.command(epilog="Example:\n\n  hub-export classify out/ photo.jpg")
+@common.app.command(epilog="Example:\n\n  hub-export classify out/ photo.jpg")
 def classify(
     target: str = typer.Argument(
         ..., help="An image-classification .pte, its export folder, or a Hub repo made by hub-export."
     ),
     images: list[Path] = typer.Argument(..., help="Image files (PNG, JPEG, ...)."),
     top_k: int = typer.Option(5, "--top-k", min=1, max=100, help="Labels to show for each image."),
-    variant: str | None = typer.Option(None, help=VARIANT_HELP),
-    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
-    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    variant: common.VariantOption = None,
+    endpoint: common.EndpointOption = None,
+    token: common.TokenOption = None,
 ):
     """Print the most likely labels of each image, with their probabilities."""
-    prepare_pte_process()
-    quiet_torch()
-    pte, folder = locate_pte(target, variant, endpoint, token)
+    pte, folder = common.open_pte(target, variant, endpoint, token)
     for image in images:
         result = classify_image(pte, folder, image, top_k=top_k)
         table = Table(title=escape(f"{image.name} ({pte.name}, {result.seconds * 1000:.1f} ms)"))
@@ -36,4 +32,4 @@ def classify(
         table.add_column("p", justify="right")
         for label in result.labels:
             table.add_row(escape(label.label), f"{label.probability:.3f}")
-        out.print(table)
+        common.out.print(table)

@@ -9,7 +9,7 @@ import typing
 from collections.abc import Callable
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Any
+from typing import Annotated, Any
 
 import typer
 from rich.console import Console
@@ -21,6 +21,8 @@ from hub_export.hub.card import human_size, task_of
 from hub_export.hub.pull import pull
 from hub_export.options import ExportOptions, option_fields
 from hub_export.pipeline.manifest import Manifest
+from hub_export.quiet import quiet_torch
+from hub_export.runtime.process_env import prepare_pte_process
 
 ENDPOINT_HELP = "Hub endpoint (default: HF_ENDPOINT or huggingface.co)."
 
@@ -130,6 +132,16 @@ RAY_ADDRESS_HELP = "Ray cluster to run on (host:6379, ray://host:10001, auto); i
 RETRIES_HELP = "How many times a variant whose worker died (killed, out of memory, node lost) is built again."
 
 
+# The options most verbs share, declared once (typer reads the Annotated metadata).
+VariantOption = Annotated[str | None, typer.Option(help=VARIANT_HELP)]
+EndpointOption = Annotated[str | None, typer.Option(help=ENDPOINT_HELP)]
+TokenOption = Annotated[str | None, typer.Option(help=TOKEN_HELP, show_default=False)]
+TokenizerOption = Annotated[Path | None, typer.Option(help=TOKENIZER_HELP)]
+RayOption = Annotated[bool, typer.Option("--ray", help=RAY_HELP)]
+RayAddressOption = Annotated[str | None, typer.Option(envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False)]
+RetriesOption = Annotated[int, typer.Option(help=RETRIES_HELP)]
+
+
 def _resolve_pte(target: Path, variant: str | None) -> tuple[Path, Path]:
     """(pte file, tokenizer folder) for a .pte path or an export folder."""
     if target.is_file():
@@ -155,3 +167,11 @@ def locate_pte(target: str, variant: str | None, endpoint: str | None, token: st
     if path.exists():
         return _resolve_pte(path, variant)
     return _resolve_pte(pull(target, variant=variant, endpoint=endpoint, token=token), variant)
+
+
+def open_pte(target: str, variant: str | None, endpoint: str | None, token: str | None) -> tuple[Path, Path]:
+    """Ready this process to run a ``.pte`` (ExecuTorch's threads, quiet frameworks) and find it: (the file, its
+    folder)."""
+    prepare_pte_process()
+    quiet_torch()
+    return locate_pte(target, variant, endpoint, token)

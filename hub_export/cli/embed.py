@@ -3,19 +3,16 @@
 from __future__ import annotations
 
 import json
-from pathlib import Path
 
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, TOKENIZER_HELP, VARIANT_HELP, app, err, locate_pte, out
-from hub_export.quiet import quiet_torch
-from hub_export.runtime.process_env import prepare_pte_process
+from hub_export.cli import common
 from hub_export.tasks.sentence_embeddings.run import embed as embed_texts
 
 
-@app.command(
+@common.app.command(
     epilog='Example:\n\n  hub-export embed out/ "A cat sat on the mat." "A kitten sat on the rug." "Stocks fell."'
 )
 def embed(
@@ -23,16 +20,14 @@ def embed(
         ..., help="A sentence-embedding .pte, its export folder, or a Hub repo made by hub-export."
     ),
     texts: list[str] = typer.Argument(..., help="The texts to embed (quote each one)."),
-    variant: str | None = typer.Option(None, help=VARIANT_HELP),
+    variant: common.VariantOption = None,
     as_json: bool = typer.Option(False, "--json", help="Print the vectors as a JSON list of lists, one per text."),
-    tokenizer: Path | None = typer.Option(None, help=TOKENIZER_HELP),
-    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
-    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    tokenizer: common.TokenizerOption = None,
+    endpoint: common.EndpointOption = None,
+    token: common.TokenOption = None,
 ):
     """Embed texts with a sentence-embedding file and print their pairwise cosine similarities."""
-    prepare_pte_process()
-    quiet_torch()
-    pte, tokenizer_dir = locate_pte(target, variant, endpoint, token)
+    pte, tokenizer_dir = common.open_pte(target, variant, endpoint, token)
     result = embed_texts(pte, tokenizer or tokenizer_dir, texts)
     if as_json:
         typer.echo(json.dumps([[round(float(x), 7) for x in row] for row in result.vectors.tolist()]))
@@ -46,5 +41,5 @@ def embed(
         table.add_row(
             f"{index + 1}. {escape(shown)}", *[f"{value:.3f}" for value in result.similarities[index].tolist()]
         )
-    out.print(table)
-    err.print(f"[dim]{len(texts)} texts, {sum(result.tokens)} tokens, {result.texts_per_s:.1f} texts/s[/dim]")
+    common.out.print(table)
+    common.err.print(f"[dim]{len(texts)} texts, {sum(result.tokens)} tokens, {result.texts_per_s:.1f} texts/s[/dim]")

@@ -7,23 +7,14 @@ from pathlib import Path
 
 import typer
 
-from hub_export.cli.common import (
-    RAY_ADDRESS_HELP,
-    RAY_HELP,
-    RETRIES_HELP,
-    app,
-    live_stages,
-    out,
-    variants_table,
-    with_export_options,
-)
+from hub_export.cli import common
 from hub_export.options import ExportOptions
 from hub_export.pipeline.engines import engine as make_engine
 from hub_export.pipeline.export import export as run_export
 from hub_export.quiet import quiet_torch
 
 
-@app.command(
+@common.app.command(
     epilog=(
         "Examples:\n\n"
         "  hub-export export HuggingFaceTB/SmolLM2-135M -o smollm2 --qmode 8da4w --qembedding 8w --max-seq-len 256\n\n"
@@ -31,7 +22,7 @@ from hub_export.quiet import quiet_torch
         "  hub-export export ./my-finetune -o out --base-model HuggingFaceTB/SmolLM2-135M-Instruct --license apache-2.0"
     )
 )
-@with_export_options("export", after="output")
+@common.with_export_options("export", after="output")
 def export(
     source: str = typer.Argument(..., help="Hub repo id (org/name) or a local model folder."),
     output: Path = typer.Option(
@@ -42,17 +33,17 @@ def export(
     ),
     endpoint: str | None = typer.Option(None, help="Hub endpoint (default: HF_ENDPOINT or huggingface.co)."),
     overwrite: bool = typer.Option(False, help="Replace a non-empty output folder."),
-    ray: bool = typer.Option(False, "--ray", help=RAY_HELP),
-    ray_address: str | None = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
-    retries: int = typer.Option(2, help=RETRIES_HELP),
+    ray: common.RayOption = False,
+    ray_address: common.RayAddressOption = None,
+    retries: common.RetriesOption = 2,
     options: ExportOptions = None,
 ):
     """Export a model (a causal LM, a sentence encoder) to verified ExecuTorch .pte variants (one per --qmode)."""
     quiet_torch()
     started = time.perf_counter()
-    with make_engine(ray, ray_address, retries) as engine, live_stages(f"exporting {source}") as say:
+    with make_engine(ray, ray_address, retries) as engine, common.live_stages(f"exporting {source}") as say:
         manifest = run_export(
             source, output, options, token=token, endpoint=endpoint, overwrite=overwrite, progress=say, engine=engine
         )
-    out.print(variants_table(manifest))
-    out.print(f"Wrote {len(manifest.variants)} variant(s) to {output}/ in {time.perf_counter() - started:.0f} s")
+    common.out.print(common.variants_table(manifest))
+    common.out.print(f"Wrote {len(manifest.variants)} variant(s) to {output}/ in {time.perf_counter() - started:.0f} s")

@@ -2,34 +2,28 @@
 
 from __future__ import annotations
 
-from pathlib import Path
-
 import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, TOKENIZER_HELP, VARIANT_HELP, app, err, locate_pte, out
-from hub_export.quiet import quiet_torch
-from hub_export.runtime.process_env import prepare_pte_process
+from hub_export.cli import common
 from hub_export.tasks.fill_mask.run import fill_mask as fill_masked
 
 
-@app.command("fill-mask", epilog='Example:\n\n  hub-export fill-mask out/ "The capital of France is [MASK]."')
+@common.app.command("fill-mask", epilog='Example:\n\n  hub-export fill-mask out/ "The capital of France is [MASK]."')
 def fill_mask_command(
     target: str = typer.Argument(..., help="A fill-mask .pte, its export folder, or a Hub repo made by hub-export."),
     text: str = typer.Argument(
         ..., help="A text with one or more mask tokens ([MASK] or <mask>, as the model spells it)."
     ),
     top_k: int = typer.Option(5, "--top-k", min=1, max=100, help="Words to show for each mask."),
-    variant: str | None = typer.Option(None, help=VARIANT_HELP),
-    tokenizer: Path | None = typer.Option(None, help=TOKENIZER_HELP),
-    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
-    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    variant: common.VariantOption = None,
+    tokenizer: common.TokenizerOption = None,
+    endpoint: common.EndpointOption = None,
+    token: common.TokenOption = None,
 ):
     """Print the words a fill-mask file puts at each mask of a text, with their probabilities."""
-    prepare_pte_process()
-    quiet_torch()
-    pte, tokenizer_dir = locate_pte(target, variant, endpoint, token)
+    pte, tokenizer_dir = common.open_pte(target, variant, endpoint, token)
     result = fill_masked(pte, tokenizer or tokenizer_dir, text, top_k=top_k)
     table = Table(title=escape(f"{pte.name}: {text}"))
     for index in range(len(result.masks)):
@@ -40,5 +34,5 @@ def fill_mask_command(
             cell for guesses in result.masks for cell in (escape(guesses[row].token), f"{guesses[row].probability:.3f}")
         ]
         table.add_row(*cells)
-    out.print(table)
-    err.print(f"[dim]{result.tokens} tokens, {result.seconds * 1000:.1f} ms[/dim]")
+    common.out.print(table)
+    common.err.print(f"[dim]{result.tokens} tokens, {result.seconds * 1000:.1f} ms[/dim]")

@@ -8,24 +8,13 @@ from pathlib import Path
 
 import typer
 
-from hub_export.cli.common import (
-    ENDPOINT_HELP,
-    TOKEN_HELP,
-    TOKENIZER_HELP,
-    VARIANT_HELP,
-    app,
-    err,
-    locate_pte,
-    task_of_folder,
-)
-from hub_export.quiet import quiet_torch
-from hub_export.runtime.process_env import prepare_pte_process
+from hub_export.cli import common
 from hub_export.tasks.text_generation.run import Sampling
 from hub_export.tasks.text_generation.run import generate as run_generate
 
 
 # Over 60 lines: one typer option a line.
-@app.command(
+@common.app.command(
     epilog='Examples:\n\n  hub-export generate out/ --variant 8da4w --prompt "Once upon a time" --max-new-tokens 64\n\n'
     '  hub-export generate smolvlm-out/ --image photo.jpg --prompt "What is in this picture?"'
 )
@@ -34,8 +23,8 @@ def generate(
     prompt: str = typer.Option(
         ..., "--prompt", "-p", help="Your message (with --chat) or the text to continue (--no-chat)."
     ),
-    tokenizer: Path | None = typer.Option(None, help=TOKENIZER_HELP),
-    variant: str | None = typer.Option(None, help=VARIANT_HELP),
+    tokenizer: common.TokenizerOption = None,
+    variant: common.VariantOption = None,
     max_new_tokens: int = typer.Option(64, help="Tokens to generate at most."),
     chat: bool | None = typer.Option(
         None,
@@ -64,21 +53,19 @@ def generate(
     top_k: int = typer.Option(0, "--top-k", help="Sample among the k likeliest tokens; 0 is off."),
     repetition_penalty: float = typer.Option(1.0, help="Above 1 discourages repeating tokens (1.1-1.3 is typical)."),
     seed: int = typer.Option(0, help="Sampling seed."),
-    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
-    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    endpoint: common.EndpointOption = None,
+    token: common.TokenOption = None,
 ):
     """Stream text from an exported model and report prefill/decode tokens/s."""
-    prepare_pte_process()
-    quiet_torch()
-    pte, tokenizer_dir = locate_pte(target, variant, endpoint, token)
-    if task_of_folder(Path(tokenizer_dir)) == "text2text-generation":
+    pte, tokenizer_dir = common.open_pte(target, variant, endpoint, token)
+    if common.task_of_folder(Path(tokenizer_dir)) == "text2text-generation":
         from hub_export.tasks.text_to_text.run import (
             generate_text,  # torch and ExecuTorch: loaded when a file is run
         )
 
         started = time.perf_counter()
         typer.echo(generate_text(pte, tokenizer or tokenizer_dir, prompt, max_new_tokens=max_new_tokens))
-        err.print(f"[dim]greedy answer in {time.perf_counter() - started:.2f} s ({pte.name})[/dim]")
+        common.err.print(f"[dim]greedy answer in {time.perf_counter() - started:.2f} s ({pte.name})[/dim]")
         return
     result = run_generate(
         pte,
@@ -94,7 +81,7 @@ def generate(
         on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()),
     )
     sys.stdout.write("\n")
-    err.print(
+    common.err.print(
         f"[dim]prompt {result.prompt_tokens} tok, prefill {result.prefill_tokens_per_s:.1f} tok/s; "
         f"generated {result.generated_tokens} tok, decode {result.decode_tokens_per_s:.1f} tok/s; "
         f"stop: {result.stop_reason}{'; chat template' if result.chat else ''}[/dim]"

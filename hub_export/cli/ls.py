@@ -6,17 +6,17 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import ENDPOINT_HELP, TOKEN_HELP, app, out
+from hub_export.cli import common
 from hub_export.hub.card import task_of, variant_facts
 from hub_export.hub.pull import list_variants
 
 
-@app.command("ls", epilog="Example:\n\n  hub-export ls alice/SmolLM2-135M-ExecuTorch")
+@common.app.command("ls", epilog="Example:\n\n  hub-export ls alice/SmolLM2-135M-ExecuTorch")
 def ls_command(
     repo_id: str = typer.Argument(..., help="A Hub repo published by hub-export."),
     revision: str | None = typer.Option(None, help="Branch, tag or commit of the repo."),
-    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
-    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
+    endpoint: common.EndpointOption = None,
+    token: common.TokenOption = None,
 ):
     """List the variants of a published repo: size, context, verification, speed."""
     manifest = list_variants(repo_id, endpoint=endpoint, token=token, revision=revision)
@@ -40,19 +40,21 @@ def ls_command(
             escape(facts["verification"].removesuffix(" vs eager")),
             "-" if decode == "n/a" else decode,
         )
-    out.print(table)
+    common.out.print(table)
     qualities = [v.verification.quality for v in manifest.variants if v.verification.quality is not None]
     if qualities:
-        out.print(
+        common.out.print(
             f"[dim]perplexity: on {qualities[0].tokens} tokens of English text, through the .pte; "
             "in brackets, its ratio to the fp32 model's[/dim]"
         )
     if task.quality_legend is not None:
-        out.print(f"[dim]quality vs fp32: {task.quality_legend}. ctx: most tokens a text may have[/dim]")
+        common.out.print(f"[dim]quality vs fp32: {task.quality_legend}. ctx: most tokens a text may have[/dim]")
         return
-    out.print(
+    common.out.print(
         "[dim]ctx: tokens the cache holds; memory: resident memory of a process running the file to full "
         "context, measured at export (~: an estimate)[/dim]"
     )
     if manifest.machine:
-        out.print(f"[dim]tok/s: decode speed of the ExecuTorch runner at export, on {escape(manifest.machine)}[/dim]")
+        common.out.print(
+            f"[dim]tok/s: decode speed of the ExecuTorch runner at export, on {escape(manifest.machine)}[/dim]"
+        )

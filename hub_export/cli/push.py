@@ -8,18 +8,7 @@ import typer
 from rich.markup import escape
 from rich.table import Table
 
-from hub_export.cli.common import (
-    ENDPOINT_HELP,
-    RAY_ADDRESS_HELP,
-    RAY_HELP,
-    RETRIES_HELP,
-    TOKEN_HELP,
-    app,
-    err,
-    live_stages,
-    out,
-    with_export_options,
-)
+from hub_export.cli import common
 from hub_export.hub.card import human_size
 from hub_export.hub.push import push
 from hub_export.options import ExportOptions
@@ -36,7 +25,7 @@ def _files_table(result) -> Table:
     return table
 
 
-@app.command(
+@common.app.command(
     "push",
     epilog=(
         "Examples:\n\n"
@@ -45,7 +34,7 @@ def _files_table(result) -> Table:
         "--revision is the source revision to export; --branch is the target branch."
     ),
 )
-@with_export_options("push", after="output")
+@common.with_export_options("push", after="output")
 def push_command(
     source: str | None = typer.Argument(None, help="Hub repo id or local model folder to export (omit with --from)."),
     repo_id: str | None = typer.Argument(None, help="Target repo (default: YOU/SOURCE-NAME-ExecuTorch)."),
@@ -63,11 +52,11 @@ def push_command(
     force: bool = typer.Option(
         False, "--force", help="Rebuild even if the repo holds these variants built the same way."
     ),
-    endpoint: str | None = typer.Option(None, help=ENDPOINT_HELP),
-    token: str | None = typer.Option(None, help=TOKEN_HELP, show_default=False),
-    ray: bool = typer.Option(False, "--ray", help=RAY_HELP),
-    ray_address: str | None = typer.Option(None, envvar="RAY_ADDRESS", help=RAY_ADDRESS_HELP, show_default=False),
-    retries: int = typer.Option(2, help=RETRIES_HELP),
+    endpoint: common.EndpointOption = None,
+    token: common.TokenOption = None,
+    ray: common.RayOption = False,
+    ray_address: common.RayAddressOption = None,
+    retries: common.RetriesOption = 2,
     options: ExportOptions = None,
 ):
     """Export (or take --from an export folder), write the model card and publish it all in one commit."""
@@ -77,7 +66,7 @@ def push_command(
         quiet_torch()
     with (
         make_engine(ray and source is not None, ray_address if source is not None else None, retries) as engine,
-        live_stages(f"pushing {source or from_dir}") as say,
+        common.live_stages(f"pushing {source or from_dir}") as say,
     ):
         result = push(
             source,
@@ -99,9 +88,9 @@ def push_command(
             engine=engine,
         )
     if dry_run:
-        out.print(_files_table(result))
+        common.out.print(_files_table(result))
     for note in result.notes:
-        err.print(f"[yellow]Note:[/yellow] {escape(note)}")
-    out.print(escape(result.summary))
+        common.err.print(f"[yellow]Note:[/yellow] {escape(note)}")
+    common.out.print(escape(result.summary))
     if result.pushed or not dry_run:
-        out.print(f"variants in {result.repo_id}: {', '.join(result.variants)}")
+        common.out.print(f"variants in {result.repo_id}: {', '.join(result.variants)}")
