@@ -16,7 +16,7 @@
    exports run at once (one core each) unless ``--one-at-a-time``; wall time and peak
    RSS of each. hub-export's time includes its verification; the peer verifies nothing.
 3. Speed: ExecuTorch's C++ ``TextLLMRunner`` (our venv's binding) on both files, a
-   fresh process per round (hub-export's runner process, ``hub_export/process_env.py``:
+   fresh process per round (hub-export's runner process, ``hub_export/runtime/process_env.py``:
    torch's MKL on one thread, for both files), rounds alternated (``--rounds``, default 9 each), a
    60-token prompt and 63 new tokens; median and range of prefill and decode tok/s.
 

@@ -9,7 +9,7 @@ settings below: a 60-token prefill (the median of 20 after one untimed) and a de
 (the median of 30). ExecuTorch's LLM kernels library takes BLAS's ``sgemm_`` from the MKL
 inside torch (``LD_DEBUG=bindings``), and MKL runs an OpenMP team inside each thread of
 ExecuTorch's pool; the settings are the ways to stop that. hub-export keeps the second one
-for every process that runs ``.pte`` files (``hub_export/process_env.py``).
+for every process that runs ``.pte`` files (``hub_export/runtime/process_env.py``).
 
 Writes ``benchmarks/results/sdpa-threads.{json,md}``. A benchmark, not a test.
 """

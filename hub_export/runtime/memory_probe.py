@@ -1,7 +1,7 @@
 """Run a ``.pte`` to full context in a fresh process and print its peak memory (JSON).
 
-    python hub_export/memory_probe.py MODEL.pte EXTRA_TOKENS [DATA.ptd]
-    python hub_export/memory_probe.py -      # imports first, then reads "MODEL.pte EXTRA [DATA.ptd]" from stdin
+    python hub_export/runtime/memory_probe.py MODEL.pte EXTRA_TOKENS [DATA.ptd]
+    python hub_export/runtime/memory_probe.py -      # imports first, then reads "MODEL.pte EXTRA [DATA.ptd]" from stdin
 
 Run as a script, not imported: the process must not have loaded anything but torch and
 the ExecuTorch runtime, so that its resident memory is what an app running the file

@@ -313,7 +313,7 @@ RUNNER_TIMEOUT_S = 900.0
 def runner_generate(pte: Path, tokenizer_json: Path, prompt: str, max_new_tokens: int) -> dict:
     """Generate greedily with ExecuTorch's C++ ``TextLLMRunner``; returns its stats.
 
-    The runner works in a fresh process (``hub_export/runner_probe.py``, with
+    The runner works in a fresh process (``hub_export/runtime/runner_probe.py``, with
     :data:`hub_export.runtime.process_env.PTE_PROCESS_ENV`), so its prefill and decode rates are
     the file's own, whatever this process has imported or set. Token text is not
     collected here: the runner hands tokens to Python as ``str`` and raises on a token
@@ -355,7 +355,7 @@ MEMORY_PROBE = Path(__file__).with_name("memory_probe.py")
 
 
 class MemoryProbe:
-    """A fresh process that measures a ``.pte``'s memory at full context (``hub_export/memory_probe.py``).
+    """A fresh process that measures a ``.pte``'s memory at full context (``hub_export/runtime/memory_probe.py``).
 
     Started before the file exists, it imports torch and the ExecuTorch runtime (about
     3 s) on a core that lowering leaves idle, then waits for :meth:`measure`. It
@@ -410,7 +410,7 @@ class MemoryProbe:
 def measure_memory(pte: str | Path, extra_tokens: int = 0) -> dict | None:
     """What running ``pte`` to full context costs in resident memory, measured in a fresh process.
 
-    The probe (``hub_export/memory_probe.py``) resets its peak RSS after importing the
+    The probe (``hub_export/runtime/memory_probe.py``) resets its peak RSS after importing the
     runtime, loads the program, prefills ``get_max_seq_len - 1`` tokens and decodes up to
     the last position (plus ``extra_tokens`` past it, for a file that generates past its
     cache), and reports the peak's growth: the weights the runtime holds, its planned

@@ -1,6 +1,6 @@
 """Generate greedily with ExecuTorch's C++ ``TextLLMRunner`` in a fresh process; write its stats (JSON).
 
-    python hub_export/runner_probe.py MODEL.pte TOKENIZER.json MAX_NEW_TOKENS OUT.json [DATA.ptd] < PROMPT
+    python hub_export/runtime/runner_probe.py MODEL.pte TOKENIZER.json MAX_NEW_TOKENS OUT.json [DATA.ptd] < PROMPT
 
 Run as a script by :func:`hub_export.runtime.pte.runner_generate`, with the environment of
 :data:`hub_export.runtime.process_env.PTE_PROCESS_ENV`, so that the runner's timings describe the file

@@ -1,6 +1,6 @@
 """Generate greedily with ExecuTorch's ``MultimodalRunner`` in a fresh process; write its stats (JSON).
 
-    python hub_export/multimodal_probe.py MODEL.pte TOKENIZER.json MAX_NEW_TOKENS PARTS.json OUT.json
+    python hub_export/tasks/vision_language/runner_probe.py MODEL.pte TOKENIZER.json MAX_NEW_TOKENS PARTS.json OUT.json
 
 ``PARTS.json`` lists the prompt in order: ``{"tokens": [ids]}`` or ``{"image": "FILE", "size": S}``,
 where FILE holds an image's RGB bytes in ``[3, S, S]`` order. The runner prints the tokens it
