@@ -448,24 +448,31 @@ def _preview_fill_mask(request: PreviewRequest, files: Path, pte: str, emit: Emi
     return result
 
 
+def _preview_media(upload: str | None, refusal: str, stage: str, run: Callable[[str], Any], shown, emit: Emit):
+    """Run ``run`` on an uploaded file (refused with ``refusal`` when there is none) and show ``shown(result)``."""
+    if not upload:
+        raise InputError(refusal)
+    emit(("stage", stage))
+    result = run(upload)
+    emit(("text", shown(result)))
+    return result
+
+
 def _preview_classify(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> ClassifyResult:
     """Show the uploaded image's most likely labels."""
-    if not request.image:
-        raise InputError("this repo labels images: upload one")
-    emit(("stage", f"labelling the image with {pte}"))
-    result = classify(files / pte, files, request.image)
-    emit(("text", "\n".join(f"{label.label}: {label.probability:.3f}" for label in result.labels)))
-    return result
+    return _preview_media(
+        request.image, "this repo labels images: upload one", f"labelling the image with {pte}",
+        lambda image: classify(files / pte, files, image),
+        lambda result: "\n".join(f"{label.label}: {label.probability:.3f}" for label in result.labels), emit,
+    )  # fmt: skip
 
 
 def _preview_transcribe(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> TranscriptionResult:
     """Show the uploaded recording's text."""
-    if not request.audio:
-        raise InputError("this repo transcribes speech: upload a recording")
-    emit(("stage", f"transcribing with {pte}"))
-    result = transcribe(files / pte, files, request.audio)
-    emit(("text", result.text))
-    return result
+    return _preview_media(
+        request.audio, "this repo transcribes speech: upload a recording", f"transcribing with {pte}",
+        lambda audio: transcribe(files / pte, files, audio), lambda result: result.text, emit,
+    )  # fmt: skip
 
 
 def _preview_text2text(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> str:
