@@ -100,8 +100,8 @@ def time_file(pte: str, features_path: str, source: str) -> dict:
     import torch
 
     from hub_export.runtime.pte import PteModel
-    from hub_export.tasks.speech.export import eval_clips, generation_settings
     from hub_export.tasks.speech.decoding import greedy_tokens, prompt_ids
+    from hub_export.tasks.speech.export import eval_clips, generation_settings
 
     model = PteModel(pte)
     settings = generation_settings(Path(source))
