@@ -357,7 +357,7 @@ def round_int4(
     linears = {
         name: module for name, module in _linears(model, options.group_size).items() if text.wanted(name, module)
     }
-    return gptq.round_linears(model, linears, text.ids, options.group_size, text.label, say, text.window, text.chats)
+    return gptq.round_linears(model, linears, text.tokens(), options.group_size, say)
 
 
 def round_int4_layerwise(
@@ -373,9 +373,7 @@ def round_int4_layerwise(
     from hub_export.pipeline import gptq  # imports torch: this module is imported by the option checks, which must not
 
     text = _gptq_text(layerwise.model, tokenizer_json, options, max_seq_len)
-    return gptq.round_layerwise(
-        layerwise, text.wanted, text.ids, options.group_size, text.label, say, text.window, text.chats, passes
-    )
+    return gptq.round_layerwise(layerwise, text.wanted, text.tokens(), options.group_size, say, passes)
 
 
 @dataclass
@@ -387,6 +385,12 @@ class _GptqText:
     label: str
     window: int
     wanted: Callable[[str, Any], bool]
+
+    def tokens(self):
+        """As :func:`hub_export.pipeline.gptq.round_linears` takes them."""
+        from hub_export.pipeline.gptq import CalibrationTokens  # imports torch, as every caller of this already did
+
+        return CalibrationTokens(self.ids, self.label, self.window, self.chats)
 
 
 def _gptq_text(model, tokenizer_json: Path, options: ExportOptions, max_seq_len: int | None) -> _GptqText:

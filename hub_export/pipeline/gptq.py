@@ -370,15 +370,27 @@ def _round_shared(gathered: _HessianSums, rounding: Int4Rounding, group_size: in
             rounding.add(name, part, part_scales)
 
 
+@dataclass
+class CalibrationTokens:
+    """What GPTQ calibrates on: the text's token ``ids``, cut into ``window``-token windows, and ``conversations``
+    (token lists fed from position 0 as they are: the text's passages in the model's chat template); ``text``
+    names the text for the manifest."""
+
+    ids: list[int]
+    text: str
+    window: int = WINDOW
+    conversations: list[list[int]] = field(default_factory=list)
+
+    def windows(self) -> list[torch.Tensor]:
+        return _calibration_windows(self.ids, self.window, self.conversations)
+
+
 def round_layerwise(
     layerwise,
     wanted: Callable[[str, torch.nn.Module], bool],
-    ids: list[int],
+    tokens: CalibrationTokens,
     group_size: int,
-    text: str,
     say: Callable[[str], None] = lambda message: None,
-    window: int = WINDOW,
-    conversations: list[list[int]] = (),
     passes: list = (),
 ) -> Int4Rounding:
     """GPTQ-round the linears ``wanted(name, module)`` picks in a :class:`~hub_export.pipeline.layerwise.LayerwiseModel`,
@@ -389,8 +401,8 @@ def round_layerwise(
     import torch
 
     started = time.perf_counter()
-    calibration = layerwise.start(_calibration_windows(ids, window, conversations))
-    rounding = Int4Rounding(group_size, text=text, tokens=sum(int(w.shape[1]) for w in calibration.windows))
+    calibration = layerwise.start(tokens.windows())
+    rounding = Int4Rounding(group_size, text=tokens.text, tokens=sum(int(w.shape[1]) for w in calibration.windows))
     sums: dict[int, _HessianSums] = {}
 
     def linears_of(index: int, layer) -> dict[str, torch.nn.Module]:
@@ -430,21 +442,16 @@ def _head_name(model: torch.nn.Module, head: torch.nn.Module) -> str:
 def round_linears(
     model: torch.nn.Module,
     linears: dict[str, torch.nn.Module],
-    ids: list[int],
+    tokens: CalibrationTokens,
     group_size: int,
-    text: str,
     say: Callable[[str], None] = lambda message: None,
-    window: int = WINDOW,
-    conversations: list[list[int]] = (),
 ) -> Int4Rounding:
-    """GPTQ-round ``linears`` (name -> module of ``model``, in forward order) on the token ``ids`` of the calibration
-    text, cut into ``window``-token windows, and on ``conversations`` (token lists fed from position 0 as they are:
-    the text's passages in the model's chat template). ``model`` is the fp32 model; it is left as it was found.
-    ``text`` names the text for the manifest."""
+    """GPTQ-round ``linears`` (name -> module of ``model``, in forward order) on the calibration ``tokens``.
+    ``model`` is the fp32 model; it is left as it was found."""
 
     started = time.perf_counter()
-    windows = _calibration_windows(ids, window, conversations)
-    rounding = Int4Rounding(group_size, text=text, tokens=sum(int(w.shape[1]) for w in windows))
+    windows = tokens.windows()
+    rounding = Int4Rounding(group_size, text=tokens.text, tokens=sum(int(w.shape[1]) for w in windows))
     sets = _hessian_sets(linears)
     done = 0
     for names in sets:
