@@ -19,6 +19,7 @@ Example:
 
 from __future__ import annotations
 
+import time
 from collections.abc import Callable
 
 # Stages that count as a step of the job; anything else is a note within the current step.
@@ -78,3 +79,12 @@ def tracker(progress: Callback | Tracker | None, fallback: Callback) -> Tracker:
     if isinstance(progress, Tracker):
         return progress
     return Tracker(progress or fallback)
+
+
+def time_left(started: float, done: int, total: int) -> str:
+    """ ", about 3 min left" after ``done`` of ``total`` equal steps begun at ``started`` (empty when finished)."""
+    if done >= total or done <= 0:
+        return ""
+    seconds = (time.perf_counter() - started) / done * (total - done)
+    shown = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
+    return f", about {shown} left"

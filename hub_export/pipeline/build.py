@@ -229,6 +229,7 @@ def finish_text_variant(run: RunState, lowered: LoweredText, probe) -> Variant:
             run.reference,
             run.src.path / "tokenizer.json",
             judge_kind(mode.tolerance, opts.kv_cache),
+            lambda message: run.say(f"[{name}] {message}", "note", name),
         )
         if not verification.passed:
             raise VerificationError(f"{name} failed verification: {verification.failure}")

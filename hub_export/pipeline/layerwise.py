@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hub_export.errors import SourceError
+from hub_export.progress import time_left
 
 if TYPE_CHECKING:
     import torch
@@ -378,12 +379,3 @@ class LayerwiseModel:
         state = self.start([window], eager)
         self.walk([state])
         return self.logits(state, 0)
-
-
-def time_left(started: float, done: int, total: int) -> str:
-    """ ", about 3 min left" after ``done`` of ``total`` equal steps begun at ``started`` (empty when finished)."""
-    if done >= total or done <= 0:
-        return ""
-    seconds = (time.perf_counter() - started) / done * (total - done)
-    shown = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
-    return f", about {shown} left"

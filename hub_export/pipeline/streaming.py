@@ -25,7 +25,8 @@ from collections.abc import Callable
 from typing import TYPE_CHECKING
 
 from hub_export.pipeline import quantize
-from hub_export.pipeline.layerwise import LayerwiseModel, time_left
+from hub_export.pipeline.layerwise import LayerwiseModel
+from hub_export.progress import time_left
 from hub_export.tasks import registry as tasks
 
 if TYPE_CHECKING:

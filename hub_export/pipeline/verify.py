@@ -22,6 +22,7 @@ taken as one bucket, which bounds it from below and is exact when the tails agre
 from __future__ import annotations
 
 import math
+import time
 from collections.abc import Callable
 from dataclasses import dataclass, field
 from functools import partial
@@ -34,6 +35,7 @@ from hub_export.bug_log import as_bug
 from hub_export.errors import VerificationError, first_line
 from hub_export.patches import set_threads
 from hub_export.pipeline.records import Quality, Verification
+from hub_export.progress import time_left
 from hub_export.runtime.pte import PteModel, runner_generate
 from hub_export.tasks.text_generation.export import eager_attention
 
@@ -318,6 +320,12 @@ def _pte_rows(pte: PteModel, tokens: torch.Tensor, prefill: int, last: int):
         yield pte.forward(tokens[:, pos : pos + 1], start_pos=pos)
 
 
+def _runtime_steps(seq: Sequences) -> int:
+    """How many calls verification makes to the runtime: the prompt's, then each evaluation window's."""
+    prompt = seq.prompt_tokens.shape[1] - seq.prompt_len + 1
+    return prompt + sum(max(int(w.shape[1]) - 1, 0) for w in [*seq.windows, *seq.second_windows])
+
+
 def _relative_l2(actual: torch.Tensor, expected: torch.Tensor) -> float:
     """Worst position's ``||actual - expected|| / ||expected||``."""
     return ((actual - expected).norm(dim=-1) / expected.norm(dim=-1).clamp_min(1e-12)).max().item()
@@ -340,8 +348,26 @@ class _TextRun:
     finite: bool = True
 
 
+class _Steps:
+    """The runtime's calls during verification, counted, with a progress line and the time left about every tenth
+    of them."""
+
+    def __init__(self, say: Callable[[str], None], total: int):
+        self.say, self.total, self.done, self.started = say, total, 0, time.perf_counter()
+        self.every = max(16, total // 10)
+
+    def counting(self, rows):
+        for row in rows:
+            yield row
+            self.done += 1
+            if self.done % self.every == 0:
+                self.say(
+                    f"verifying: {self.done} of {self.total} runtime steps{time_left(self.started, self.done, self.total)}"
+                )
+
+
 def _runtime_text(
-    pte: PteModel, windows: list[torch.Tensor], fp32: TokenStats | None, eager: TokenStats | None
+    pte: PteModel, windows: list[torch.Tensor], fp32: TokenStats | None, eager: TokenStats | None, steps: _Steps
 ) -> _TextRun | None:
     """Run every evaluation window through the runtime, keeping only what the figures need."""
     if not windows:
@@ -349,7 +375,7 @@ def _runtime_text(
     argmax, target_lp, fp32_top, eager_top, eager_gap, finite = [], [], [], [], [], True
     index = 0
     for window in windows:
-        for offset, row in enumerate(_pte_rows(pte, window, 1, window.shape[1] - 1)):
+        for offset, row in enumerate(steps.counting(_pte_rows(pte, window, 1, window.shape[1] - 1))):
             lp = torch.log_softmax(row.float(), -1)
             finite = finite and bool(torch.isfinite(lp).all())
             argmax.append(lp.argmax())
@@ -422,12 +448,19 @@ class _Judgement:
         )
 
 
-def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_json: Path, kind: str) -> Verification:
+def verify(
+    pte_path: Path,
+    expected: Expected,
+    reference: Reference,
+    tokenizer_json: Path,
+    kind: str,
+    say: Callable[[str], None] = lambda message: None,
+) -> Verification:
     """Compare ``pte_path`` with ``expected`` (:func:`expected_logits`), measure its quality, run the C++ runner.
 
     ``kind`` picks the thresholds: ``fp32``, ``dynamic`` (int8 dynamic activations) or
     ``weight_only``. A file that fails to load, run or match gives a failed
-    :class:`Verification` naming why.
+    :class:`Verification` naming why. ``say`` gets a progress line, with the time left, as the runtime decodes.
 
     Raises:
         InternalError: a bug in hub-export itself (its traceback is saved in a log file).
@@ -436,9 +469,12 @@ def verify(pte_path: Path, expected: Expected, reference: Reference, tokenizer_j
     judgement = _Judgement(expected, reference, kind)
     try:
         pte = PteModel(pte_path)
-        prompt_rows = torch.stack(list(_pte_rows(pte, seq.prompt_tokens, seq.prompt_len, seq.prompt_tokens.shape[1])))
-        text = _runtime_text(pte, seq.windows, reference.fp32_text, expected.text)
-        second = _runtime_text(pte, seq.second_windows, reference.fp32_second, None)
+        steps = _Steps(say, _runtime_steps(seq))
+        prompt_rows = torch.stack(
+            list(steps.counting(_pte_rows(pte, seq.prompt_tokens, seq.prompt_len, seq.prompt_tokens.shape[1])))
+        )
+        text = _runtime_text(pte, seq.windows, reference.fp32_text, expected.text, steps)
+        second = _runtime_text(pte, seq.second_windows, reference.fp32_second, None, steps)
         del pte  # the runner below loads its own copy of the program
     except VerificationError as error:  # the file's own failure: it does not load, run or return logits
         return judgement.result(False, f"runtime error: {first_line(error)[:200]}")
