@@ -150,7 +150,8 @@ def markdown(result: dict) -> str:
         "# Export at scale: time, peak memory and file size against parameter count",
         "",
         f"Machine: {result['machine']}. Command: `{result['command']}`.",
-        f"Each export: `hub-export export FOLDER {' '.join(EXPORT)}` (defaults: GPTQ, verification), one process.",
+        f"Each export: `hub-export export FOLDER {' '.join(EXPORT)}` (defaults: GPTQ, verification); "
+        "peak memory is its whole process tree's (the export and the worker process that quantizes and lowers).",
         "",
         "| shape | parameters | fp32 weights | export wall | GPTQ | peak memory | peak / fp32 | largest process RSS | file "
         "| decode tok/s | prefill tok/s | ppl ratio |",

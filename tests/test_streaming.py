@@ -177,8 +177,12 @@ def test_the_estimate_follows_the_real_shapes_and_the_measured_peaks():
     assert 4.00e9 < qwen / 4 < 4.05e9  # Qwen3-4B: 4.02 B parameters, tied embeddings counted once
     assert 1.70e9 < smol / 4 < 1.72e9
     default = ExportOptions(qmodes=("8da4w",), qembedding="8w")
-    assert run_peak(qwen, default, streamed=True) <= 0.75 * qwen  # what the layer-by-layer export promises
+    assert run_peak(qwen, default, streamed=True) < 16 * GIB  # read layer by layer, it fits a 16 GiB machine
     assert run_peak(qwen, default, streamed=False) > 24 * GIB  # loaded whole, it would not fit this machine
+    # The refusal is by the estimate: it must not promise less than an export of that shape was measured to take.
+    measured = json.loads((Path(__file__).parent.parent / "benchmarks/results/scale.json").read_text())["rows"]
+    for row in [row for row in measured if row["rc"] == 0 and row["parameters"] > 1e9]:
+        assert run_peak(row["fp32_bytes"], default, streamed=True) >= row["peak_bytes"], row["shape"]
 
 
 def test_a_checkpoint_of_the_bare_base_model_is_read_as_from_pretrained_reads_it(tiny_model, tmp_path):

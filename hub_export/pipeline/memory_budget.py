@@ -2,13 +2,14 @@
 
 An export that cannot fit is refused before it downloads or loads anything, with the
 estimate and what to do, instead of being killed an hour in. The coefficients are
-measured peaks (``python -m benchmarks.scale``; the peak RSS of the export's whole
-process tree against the model's fp32 weight bytes):
+measured peaks (``python -m benchmarks.scale``; the peak of the export's whole process
+tree against the model's fp32 weight bytes):
 
-- a text model read one decoder layer at a time (:mod:`hub_export.pipeline.streaming`) holds,
-  per variant, its quantized weights plus what lowering copies of them (the XNNPACK
-  blob, then the program's buffer) plus one fp32 layer, so its peak follows the
-  variant's stored bits;
+- a text model read one decoder layer at a time (:mod:`hub_export.pipeline.streaming`)
+  peaks while a worker process quantizes and lowers one variant: its quantized weights
+  (one byte per int4 weight before packing, with their scales), what lowering copies of
+  them (the XNNPACK blobs, then the program's buffer), beside a parent that holds only
+  the reference (GPTQ's codes wait on disk); its peak follows the variant's stored bits;
 - a model loaded whole (the ``mixed`` qmode, every other task) holds its fp32
   weights, a quantized copy and lowering's copies.
 """
@@ -26,9 +27,10 @@ if TYPE_CHECKING:
 GIB = 1 << 30
 # torch, transformers and ExecuTorch imported, the tokenizer, the reference and GPTQ's Hessians of one layer.
 FRAMEWORK_BYTES = int(1.5 * GIB)
-# Peak of one variant built layer by layer, per fp32 weight byte, by the bits its linears store
-# (benchmarks/results/scale.md: 8da4w measured; 8-bit and fp32 follow the bytes they keep).
-STREAMED_PEAK_PER_FP32_BYTE = {4: 0.55, 8: 0.8, 32: 2.2}
+# Peak of one variant built layer by layer, per fp32 weight byte, by the bits its linears store. 8da4w measured
+# (benchmarks/results/scale.md: 0.77 at the Qwen3-4B shape with the frameworks above); 8-bit adds the bytes its
+# larger blob and file take, fp32 holds the weights themselves twice: estimates, not measured at size.
+STREAMED_PEAK_PER_FP32_BYTE = {4: 0.8, 8: 1.1, 32: 2.2}
 # Peak of one variant of a model loaded whole, per fp32 weight byte (measured: 2.83x, in hub_export.pipeline.workers).
 WHOLE_PEAK_PER_FP32_BYTE = 3.0
 
