@@ -86,7 +86,7 @@ def test_a_failed_job_fails_its_own_repo_only_and_the_run_says_so(local_hub, tin
         endpoint=local_hub.endpoint,
         on_event=lambda state, line: seen.append(f"{state.job.repo_id}: {line}"),
     )
-    assert [s.state for s in states] == ["failed", "pushed"]
+    assert [s.state for s in states] == ["failed", "pushed"], [s.error for s in states]
     assert "alice/no-such-model" in states[0].error and "\n" not in states[0].error
     assert local_hub.alice_token not in states[0].error + "".join(seen)
     assert not local_hub.api(local_hub.alice_token).repo_exists("alice/never-made")

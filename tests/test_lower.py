@@ -233,13 +233,14 @@ def test_a_patch_for_other_versions_is_left_out_and_said_once(monkeypatch, caplo
     import executorch.exir.backend.canonical_partitioners.group_partitioner as group_partitioner
 
     from hub_export import patches
+    from hub_export.patches import lowering
 
     stock = group_partitioner._DependencyViewer
     monkeypatch.setattr(patches, "_version", lambda package: "9.9.9")
     monkeypatch.setattr(patches, "_announced", set())
     with caplog.at_level("WARNING", logger="hub_export.patches"):
         for _ in range(2):
-            with patches.compact_dependency_viewers():
+            with lowering.compact_dependency_viewers():
                 assert group_partitioner._DependencyViewer is stock  # not patched
     warnings = [r.getMessage() for r in caplog.records if r.name == "hub_export.patches"]
     assert len(warnings) == 1

@@ -182,7 +182,7 @@ def test_the_converted_folder_has_whisper_tokens_and_generation_settings(whisper
 
 @pytest.mark.real
 def test_a_failed_write_keeps_the_previous_folder_and_no_staging(tmp_path, monkeypatch) -> None:
-    from hub_export.models import tiny as demo
+    from hub_export.models import packaged
     from hub_export.models.packaged import package_folder
     from hub_export.tasks.speech import ct2_whisper
 
@@ -196,5 +196,5 @@ def test_a_failed_write_keeps_the_previous_folder_and_no_staging(tmp_path, monke
 
     monkeypatch.setattr(ct2_whisper, "_write", write_then_fail)
     with pytest.raises(OSError, match="disk full"):
-        convert_ct2_whisper(package_folder(demo.WHISPER_PACKAGE) / "model", out)
+        convert_ct2_whisper(package_folder(packaged.WHISPER_PACKAGE) / "model", out)
     assert [p.name for p in tmp_path.iterdir()] == ["whisper"] and [p.name for p in out.iterdir()] == ["previous"]

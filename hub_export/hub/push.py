@@ -21,6 +21,7 @@ from typing import Any
 
 from hub_export.errors import HubError, InputError, VerificationError, opt
 from hub_export.hub import card as card_module
+from hub_export.hub import source_card as source_card_module
 from hub_export.hub.api import (
     RemoteRepo,
     check_branch,
@@ -201,7 +202,7 @@ def _declared_folder(folder: Path, options: ExportOptions) -> Manifest:
     local = Manifest.read(folder)
     local.source = {
         **local.source,
-        **card_module.declared_source(options.base_model, options.license, options.model_name),
+        **source_card_module.declared_source(options.base_model, options.license, options.model_name),
     }
     return local
 
@@ -301,7 +302,7 @@ def _already_built(remote: Manifest, source: str | None, options: ExportOptions,
     if source is None or remote.versions != package_versions() or not remote.source.get("fingerprint"):
         return []
     declared = {key: remote.source.get(key) for key in ("base_model", "license", "model_name")}
-    wanted_declared = card_module.declared_source(options.base_model, options.license, options.model_name)
+    wanted_declared = source_card_module.declared_source(options.base_model, options.license, options.model_name)
     if {k: v for k, v in declared.items() if v is not None} != wanted_declared:
         return []  # the card would say something else
     by_file = {v.file: v for v in remote.variants}
@@ -353,11 +354,11 @@ def _source_card_data(
         path = Path(source_card)
         if not path.exists():
             raise InputError(f"{opt('source_card')} {path.name} not found", param="source_card")
-        return card_module.read_source_card(path)
+        return source_card_module.read_source_card(path)
     if manifest.source.get("card_data"):
         return dict(manifest.source["card_data"])
     if source and Path(source).expanduser().is_dir():
-        data = card_module.read_source_card(Path(source).expanduser())
+        data = source_card_module.read_source_card(Path(source).expanduser())
         if data or not manifest.source.get("base_model"):
             return data
     if manifest.source.get("base_model"):
@@ -371,7 +372,7 @@ def _source_card_data(
             if source is not None:
                 raise
             # --from: the source may live on another Hub than the target; fall back to the folder.
-    return card_module.read_source_card(folder)
+    return source_card_module.read_source_card(folder)
 
 
 def _base_model_card(repo_id: str, token, endpoint: str) -> dict[str, Any]:
@@ -396,7 +397,7 @@ def _hub_source_card(repo_id: str, revision: str | None, token, endpoint: str) -
             path = hf_hub_download(repo_id, CARD_NAME, revision=revision, endpoint=endpoint, token=token)
         except EntryNotFoundError:
             return {}
-    return card_module.read_source_card(path)
+    return source_card_module.read_source_card(path)
 
 
 def check_same_source(remote: Manifest, source_id: str | None) -> None:
