@@ -73,7 +73,7 @@ def test_fill_mask_gives_the_eager_models_words(exported_mlm, tiny_mlm) -> None:
     from tokenizers import Tokenizer
     from transformers import AutoModelForMaskedLM
 
-    from hub_export.tasks.fill_mask import run as fill_mask
+    from hub_export import fill_mask
 
     text = "The river that runs through the old [MASK] was once the reason anyone settled here."
     result = fill_mask(exported_mlm / "model-fp32.pte", exported_mlm, text, top_k=3)
@@ -88,7 +88,7 @@ def test_fill_mask_gives_the_eager_models_words(exported_mlm, tiny_mlm) -> None:
 
 
 def test_fill_mask_refuses_a_text_without_a_mask(exported_mlm) -> None:
-    from hub_export.tasks.fill_mask import run as fill_mask
+    from hub_export import fill_mask
 
     with pytest.raises(InputError, match=r"the text has no mask token: write \[MASK\] where a word is missing"):
         fill_mask(exported_mlm / "model-8da8w.pte", exported_mlm, "Nothing is missing here.")
@@ -150,7 +150,7 @@ def test_classify_gives_the_eager_models_labels(exported_vit, tiny_vit, picture)
     from PIL import Image
     from transformers import AutoImageProcessor, AutoModelForImageClassification
 
-    from hub_export.tasks.image_classification import run as classify
+    from hub_export import classify
 
     result = classify(exported_vit / "model-fp32.pte", exported_vit, picture, top_k=3)
     model = AutoModelForImageClassification.from_pretrained(tiny_vit).eval()
@@ -165,7 +165,7 @@ def test_classify_gives_the_eager_models_labels(exported_vit, tiny_vit, picture)
 
 
 def test_classify_refuses_what_is_not_an_image(exported_vit, tmp_path) -> None:
-    from hub_export.tasks.image_classification import run as classify
+    from hub_export import classify
 
     text = tmp_path / "notes.png"
     text.write_text("not an image")
@@ -193,7 +193,7 @@ def test_an_image_classifier_goes_through_push_pull_classify_and_the_preview(
 ) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export.hub import push
+    from hub_export import push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-vit-classifier"
@@ -219,7 +219,7 @@ def test_an_image_classifier_goes_through_push_pull_classify_and_the_preview(
 
 
 def test_the_space_preview_of_a_fill_mask_repo_lists_the_words(exported_mlm, local_hub, tmp_path) -> None:
-    from hub_export.hub import push
+    from hub_export import push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-mlm-preview"

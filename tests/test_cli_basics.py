@@ -80,7 +80,7 @@ def test_bad_options_are_refused_with_the_flag_to_change(monkeypatch) -> None:
     assert str(result.exception) == "--max-seq-len must be at least 2 (got 1)"
     assert result.exception.param == "max_seq_len"
     with pytest.raises(TypeError, match="unknown export option.*qmode\\b"):
-        from hub_export.pipeline import export
+        from hub_export import export
 
         export("acme/model", "out", qmode="8da4w")  # a typo in the Python API is a TypeError, as for any function
 

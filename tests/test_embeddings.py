@@ -159,7 +159,7 @@ def test_an_encoder_exports_verified_with_its_figures_in_the_manifest(exported_b
 def test_the_pte_reproduces_the_eager_model_and_its_pooling(exported_bert, tiny_bert) -> None:
     from transformers import AutoModel
 
-    from hub_export.tasks.sentence_embeddings import run as embed
+    from hub_export import embed
 
     texts = ["A cat sat on the mat.", "The harbour was quiet that morning.", "Prices rose again."]
     eager_model = SentenceEmbedder(AutoModel.from_pretrained(tiny_bert).eval(), Pooling.of_folder(tiny_bert))
@@ -267,7 +267,7 @@ def test_each_encoder_family_exports_verified(model_type, tmp_path) -> None:
 def test_an_embedding_repo_goes_through_push_ls_pull_and_embed(exported_bert, local_hub, tmp_path, capsys) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export.hub import pull, push
+    from hub_export import pull, push
 
     repo_id = "alice/tiny-bert-embeddings"
     hub = dict(token=local_hub.alice_token, endpoint=local_hub.endpoint)
@@ -286,7 +286,7 @@ def test_an_embedding_repo_goes_through_push_ls_pull_and_embed(exported_bert, lo
 
 
 def test_the_space_preview_of_an_embedding_repo_compares_the_lines(exported_bert, local_hub, tmp_path) -> None:
-    from hub_export.hub import push
+    from hub_export import push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-bert-preview"

@@ -35,7 +35,7 @@ def _sentence_transformers_vectors(folder, sentences) -> torch.Tensor:
 
 
 def test_the_files_embed_as_sentence_transformers_does(minilm, exported_minilm) -> None:
-    from hub_export.tasks.sentence_embeddings import run as embed
+    from hub_export import embed
     from hub_export.tasks.sentence_embeddings.export import eval_sentences
 
     sentences = eval_sentences()

@@ -205,8 +205,7 @@ def test_preview_streams_text_with_speed(client, exported: Exported, local_hub: 
     assert "chat template: used" in stats, stats
     # What the preview shows is what the file generates: the library's greedy answer from the same repo, word for
     # word (random weights may well answer with blank lines, so compare rather than look for words).
-    from hub_export.hub import pull
-    from hub_export.tasks.text_generation import run as generate
+    from hub_export import generate, pull
 
     folder = pull(REPO, variant="8da4w", endpoint=local_hub.endpoint, token=local_hub.alice_token)
     expected = generate(folder / "model-8da4w.pte", folder, "What is the capital of France?", max_new_tokens=24)

@@ -67,7 +67,7 @@ def test_a_whisper_file_has_the_methods_its_consumers_call(exported_whisper) -> 
 def test_the_file_transcribes_as_the_eager_model_does(exported_whisper, tiny_whisper, spoken) -> None:
     from transformers import WhisperForConditionalGeneration
 
-    from hub_export.tasks.speech import run as transcribe
+    from hub_export import transcribe
     from hub_export.tasks.speech.decoding import greedy_tokens, prompt_ids, read_audio
     from hub_export.tasks.speech.export import generation_settings, wrap
 
@@ -201,7 +201,7 @@ def test_a_speech_repo_goes_through_push_ls_transcribe_and_the_preview(
 ) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export.hub import push
+    from hub_export import push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-whisper"

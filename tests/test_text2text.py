@@ -96,7 +96,7 @@ def test_verification_fails_a_file_of_another_t5(exported_t5, tiny_t5, tmp_path)
 def test_the_text2text_card_and_preview(exported_t5, local_hub, tmp_path) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export.hub import push
+    from hub_export import push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-t5"

@@ -212,7 +212,7 @@ def test_the_task_is_read_from_the_config_and_its_options_checked(tiny_smolvlm) 
 def test_the_card_push_pull_and_preview(exported_vlm, drawn_images, local_hub, tmp_path) -> None:
     from huggingface_hub import ModelCard
 
-    from hub_export.hub import pull, push
+    from hub_export import pull, push
     from hub_export.service import PreviewRequest, preview
 
     repo_id = "alice/tiny-smolvlm"
