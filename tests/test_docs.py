@@ -111,7 +111,7 @@ def test_the_docs_site_builds(tmp_path):
     assert result.returncode == 0, result.stderr[-3000:]
 
 
-@pytest.mark.parametrize("module", ["errors", "redact", "options", "progress", "service", "manifest"])
+@pytest.mark.parametrize("module", ["errors", "redact", "options", "progress", "service", "pipeline.manifest"])
 def test_docstring_examples_of_the_pure_modules_run(module):
     """The examples in these modules' docstrings need no model and no network: they must stay true."""
     import doctest

@@ -337,18 +337,17 @@ def test_verification_tells_a_bug_in_hub_export_from_a_broken_file(exported_mult
 
 
 def test_failed_verification_fails_the_command_and_leaves_nothing(tiny_model, tmp_path, capsys, monkeypatch):
-    import hub_export.pipeline.build as build_module  # the build stage calls the lowering through this name
+    import hub_export.pipeline.build as build_module  # the build stage verifies through this name
 
-    real_to_pte = build_module.to_pte
+    real_verify = build_module.verify
 
-    def corrupting_to_pte(program, metadata, path, data_path=None, **options):
-        size = real_to_pte(program, metadata, path, data_path, **options)
+    def verify_corrupted(path, *args, **kwargs):  # the file is damaged after lowering (a worker wrote it)
         data = bytearray(path.read_bytes())
         data[len(data) // 2 : len(data) // 2 + 4096] = b"\xff" * 4096
         path.write_bytes(bytes(data))
-        return size
+        return real_verify(path, *args, **kwargs)
 
-    monkeypatch.setattr(build_module, "to_pte", corrupting_to_pte)
+    monkeypatch.setattr(build_module, "verify", verify_corrupted)
     out = tmp_path / "out"
     code, _, err = run_cli(["export", str(tiny_model), "-o", str(out), "-q", "fp32", "--max-seq-len", "32"], capsys)
     assert code == 4

@@ -212,7 +212,7 @@ def test_repush_of_an_unchanged_source_rebuilds_nothing(
     import importlib
     import shutil
 
-    export_module = importlib.import_module("hub_export.push")  # push calls the export stage through this name
+    export_module = importlib.import_module("hub_export.hub.push")  # push calls the export stage through this name
     result, _ = pushed_fp32
     before = len(_commits(local_hub, result.repo_id))
 

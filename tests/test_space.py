@@ -381,7 +381,7 @@ def test_library_messages_are_worded_for_the_form(local_hub, tmp_path) -> None:
     """The library's CLI advice ("pass --token", "push to another repo") in the Space's words, from real failures."""
     import importlib
 
-    push_module = importlib.import_module("hub_export.push")  # hub_export.push is the function
+    push_module = importlib.import_module("hub_export.hub.push")  # hub_export.push is the function
     from hub_export.pipeline.export import export
     from hub_export.tasks.text_generation.run import Sampling
 
