@@ -108,3 +108,20 @@ def test_a_killed_worker_is_retried_then_fails_the_run_stops_the_others_and_leav
     assert "exited with code -9 without a result 2 times" in lines[0] and "--jobs 1" in lines[0]
     assert not any(_alive(pid) for pid in (*killed, survivor))
     assert list(tmp_path.iterdir()) == []
+
+
+def test_a_script_without_a_main_guard_can_call_export(tiny_model, tmp_path):
+    """Spawned workers would run the caller's script again; one that calls export at its top level must still work."""
+    import subprocess
+    import sys
+
+    script = tmp_path / "export_it.py"
+    script.write_text(
+        "import hub_export\n"
+        f"manifest = hub_export.export({str(tiny_model)!r}, {str(tmp_path / 'out')!r}, qmodes=['fp32'], "
+        "max_seq_len=32, quality_tokens=0)\n"
+        "print('exported', manifest.variants[0].verification.passed)\n"
+    )
+    done = subprocess.run([sys.executable, str(script)], capture_output=True, text=True, timeout=600)
+    assert done.returncode == 0, done.stderr[-2000:]
+    assert done.stdout.strip().splitlines()[-1] == "exported True"

@@ -15,12 +15,14 @@ to the operating system.
 
 from __future__ import annotations
 
+import contextlib
 import logging
 import logging.handlers
 import multiprocessing
 import os
 import pickle
 import queue
+import sys
 import time
 import traceback
 from collections.abc import Callable
@@ -186,7 +188,8 @@ def export_in_workers(
                 process = context.Process(
                     target=_work, args=(job, messages), name=f"hub-export {job.qmode}", daemon=True
                 )
-                process.start()
+                with _main_not_rerun():
+                    process.start()
                 running[job.index] = process
             for index, code in _dead(running, silent):
                 job = by_index[index]
@@ -217,6 +220,23 @@ def export_in_workers(
             process.join()
         messages.close()
     return [results[job.index] for job in jobs]
+
+
+@contextlib.contextmanager
+def _main_not_rerun():
+    """While a worker is started: a spawned process runs the parent's main script again before its target unless
+    the script guards itself with ``if __name__ == "__main__"``, and a script calling ``hub_export.export`` at its
+    top level would then export again inside the worker and fail. The worker needs nothing from that script (its
+    job is made of hub-export's own types), so it is not told where the script is."""
+    main = sys.modules.get("__main__")
+    saved = {name: getattr(main, name) for name in ("__file__", "__spec__") if hasattr(main, name)}
+    try:
+        for name in saved:
+            delattr(main, name) if name == "__file__" else setattr(main, name, None)
+        yield
+    finally:
+        for name, value in saved.items():
+            setattr(main, name, value)
 
 
 def _retry_or_fail(job: VariantJob, code: int | None, deaths: int, retries: int, say: Callable[..., None]) -> None:
