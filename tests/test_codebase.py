@@ -112,12 +112,11 @@ def _import_run(function: ast.AST, node: ast.AST) -> tuple[int, int]:
             statements = getattr(block, field, None)
             if not isinstance(statements, list) or node not in statements:
                 continue
-            index = start = end = statements.index(node)
+            start = end = statements.index(node)
             while start > 0 and isinstance(statements[start - 1], (ast.Import, ast.ImportFrom)):
                 start -= 1
             while end + 1 < len(statements) and isinstance(statements[end + 1], (ast.Import, ast.ImportFrom)):
                 end += 1
-            del index
             return statements[start].lineno, statements[end].end_lineno
     return node.lineno, node.end_lineno
 

@@ -81,7 +81,9 @@ def _libraries_quiet() -> bool:
     return logging.getLogger("torch").getEffectiveLevel() >= logging.ERROR
 
 
-def _jobs(prepared: Prepared, options: ExportOptions, workdir: Path, threads: int) -> list[VariantJob]:
+def _jobs(
+    prepared: Prepared, options: ExportOptions, workdir: Path, threads: int, lower_only: bool = False
+) -> list[VariantJob]:
     return [
         VariantJob(
             index,
@@ -95,6 +97,7 @@ def _jobs(prepared: Prepared, options: ExportOptions, workdir: Path, threads: in
             quiet=_libraries_quiet(),
             mixed_plan=prepared.mixed_plan,
             int4_rounding=prepared.int4_rounding,
+            lower_only=lower_only,
         )
         for index, qmode in enumerate(options.qmodes)
     ]
@@ -161,9 +164,7 @@ class LocalEngine:
                 rounding.spill(spill)
             release_memory()
             say(f"building {len(options.qmodes)} variant(s), {workers} at a time in worker processes")
-            jobs = _jobs(prepared, options, workdir, threads=max(1, usable_cpus() // workers))
-            for job in jobs:
-                job.lower_only = True
+            jobs = _jobs(prepared, options, workdir, threads=max(1, usable_cpus() // workers), lower_only=True)
             lowered = export_in_workers(jobs, workers, say, retries=self.retries)
         finally:
             spill.unlink(missing_ok=True)

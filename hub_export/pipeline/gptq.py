@@ -111,16 +111,19 @@ class Int4Rounding:
 
     def record(self) -> dict[str, Any]:
         """What the manifest says about the calibration (never the text itself)."""
-        layers = len(self.packed) or len(self.spilled) or self.layers
-        return {"text": self.text, "tokens": self.tokens, "seconds": round(self.seconds, 1), "layers": layers}
+        return {"text": self.text, "tokens": self.tokens, "seconds": round(self.seconds, 1), "layers": self._rounded()}
 
     def forget_codes(self) -> None:
         """Let the codes go once the last variant holds them (0.6 bytes per weight: 2.3 GB for a 4B model,
         which would otherwise sit through lowering); the record stays."""
-        self.layers = len(self.packed) or len(self.spilled) or self.layers
+        self.layers = self._rounded()
         self.packed.clear()
         self.scales.clear()
         self.spilled = frozenset()
+
+    def _rounded(self) -> int:
+        """How many linears were rounded, wherever their codes are now (here, in the file, or let go)."""
+        return len(self.packed) or len(self.spilled) or self.layers
 
     def spill(self, path: Path) -> None:
         """Move the codes to a safetensors file at ``path``: a process that only hands the rounding to the
@@ -131,7 +134,7 @@ class Int4Rounding:
         tensors.update({f"scales.{name}": scales for name, scales in self.scales.items()})
         save_file(tensors, str(path))
         self.file, self.spilled = path, frozenset(self.packed)
-        self.layers = len(self.packed) or self.layers
+        self.layers = self._rounded()
         self.packed.clear()
         self.scales.clear()
 
