@@ -72,7 +72,6 @@ def _option(
     help: str,
     commands: tuple[str, ...] = EXPORT_AND_PUSH,
     reproduce: bool = True,
-    show_default: bool = True,
     form: FormControl | None = None,
 ) -> Any:
     """A field of :class:`ExportOptions` with what a front end needs to offer it.
@@ -88,7 +87,7 @@ def _option(
         "help": help,
         "commands": commands,
         "reproduce": reproduce,
-        "show_default": show_default,
+        "show_default": default is not None,  # the CLI shows no "[default: None]"
         "form": form,
     }
     return field(default=default, metadata=metadata)
@@ -122,7 +121,6 @@ class ExportOptions:
     qembedding: str | None = _option(
         None,
         help=f"Quantize the token embedding: {' or '.join(quantize.QEMBEDDINGS)} (default: float32).",
-        show_default=False,
         form=FormControl(
             "Embedding quantization",
             (("none", None), *((f"{bits}-bit", name) for name, bits in quantize.QEMBEDDINGS.items())),
@@ -133,7 +131,6 @@ class ExportOptions:
         None,
         help="Speech models: quantize the audio encoder with this qmode instead of each variant's "
         "(the encoder runs once per 30 s of audio, the decoder once per token).",
-        show_default=False,
     )
     group_size: int = _option(
         quantize.DEFAULT_GROUP_SIZE,
@@ -143,7 +140,6 @@ class ExportOptions:
     max_seq_len: int | None = _option(
         None,
         help="KV cache length (prompt + generation). Default: min(model limit, 2048).",
-        show_default=False,
         form=FormControl(
             "Max sequence length", minimum=0, info="Prompt + generated tokens; 0: the model's limit, at most 2048."
         ),
@@ -166,7 +162,6 @@ class ExportOptions:
     attention_sink: str | None = _option(
         None,
         "--attention-sink",
-        show_default=False,
         help="SINK,WINDOW (e.g. 4,2044): keep the first SINK tokens and the last WINDOW, and generate past the cache "
         "(StreamingLLM); the cache holds SINK+WINDOW positions, rope positions wrap within it.",
     )
@@ -181,7 +176,6 @@ class ExportOptions:
         "--jobs",
         "-j",
         reproduce=False,
-        show_default=False,
         help="Variants to build at once, each in its own process (default: as many as cores and memory allow).",
     )
     share_embeddings: bool = _option(
@@ -200,14 +194,12 @@ class ExportOptions:
     max_size_ratio: float | None = _option(
         None,
         "--max-size-ratio",
-        show_default=False,
         help="--qmode mixed: keep layers int8 while the file stays within this size relative to plain 8da4w "
         "(default 1.15, or no limit with --max-ppl-ratio).",
     )
     max_ppl_ratio: float | None = _option(
         None,
         "--max-ppl-ratio",
-        show_default=False,
         help="--qmode mixed: keep the most sensitive layers int8 until perplexity on the calibration text is "
         "within this ratio of fp32's.",
     )
@@ -219,7 +211,6 @@ class ExportOptions:
     calibration_text: str | None = _option(
         None,
         "--calibration-text",
-        show_default=False,
         reproduce=False,  # a path on the exporter's machine: the manifest records the text's sha256 instead
         help="Calibrate GPTQ's int4 rounding and the mixed qmode's int8 layers on this UTF-8 text file (your own "
         "domain's text, as an importance matrix does for GGUF) instead of the shipped English prose; the manifest and "
@@ -239,32 +230,27 @@ class ExportOptions:
     gguf_file: str | None = _option(
         None,
         "--gguf-file",
-        show_default=False,
         help="Read the weights from this .gguf file in the repo or folder (dequantized; tokenizer from its metadata).",
     )
     base_model: str | None = _option(
         None,
         "--base-model",
-        show_default=False,
         help="Hub id (ORG/NAME) of the model a local or GGUF source is a copy of: the card links it, sets base_model "
         "and inherits its license and language.",
     )
     license: str | None = _option(
         None,
         "--license",
-        show_default=False,
         help="License id for the card (e.g. apache-2.0), over the one inherited from the source's card.",
     )
     model_name: str | None = _option(
         None,
         "--model-name",
-        show_default=False,
         help="The model's name for the card's title (default: --base-model, else the source's id or folder name).",
     )
     revision: str | None = _option(
         None,
         help="Branch, tag or commit of the SOURCE repo to export.",
-        show_default=False,
         form=FormControl("Revision", placeholder="main", info="Branch, tag or commit."),
     )
     trust_remote_code: bool = _option(False, help="Allow models that need custom code from the repo.")
@@ -272,7 +258,6 @@ class ExportOptions:
     task: str | None = _option(
         None,
         "--task",
-        show_default=False,
         help=f"What the file does: {' or '.join(tasks.TASKS)} (default: read from the model's architecture).",
         form=FormControl(
             "Task",

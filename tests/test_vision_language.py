@@ -9,6 +9,8 @@ from pathlib import Path
 import pytest
 import torch
 
+from hub_export.tasks.encoders import EncodedAndScored
+
 
 @pytest.fixture(scope="session")
 def tiny_smolvlm(tmp_path_factory) -> Path:
@@ -135,7 +137,7 @@ def test_verification_fails_answers_about_other_images(exported_vlm, tiny_smolvl
     good = vl.expected(vl.wrap(model, tiny_smolvlm, 128).eval(), ref)
     pte = exported_vlm / "model-fp32-emb8w.pte"
     # Each prompt judged against the eager answers for the next image: a file that mixed up its inputs.
-    shifted = vl.VisionLanguageExpected(good.features[1:] + good.features[:1], good.scores)
+    shifted = EncodedAndScored(good.encoded[1:] + good.encoded[:1], good.scores)
     result = vl.verify_variant(pte, shifted, ref, QMODES["fp32"], "8w", runner_check=False)
     assert not result.passed and result.failure.startswith("image embeddings' cosine"), result.failure
 

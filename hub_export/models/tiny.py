@@ -114,6 +114,8 @@ def build_tiny_model(folder: str | Path, config=None, seed: int = 0, card: str |
 
 # Small settings per encoder family: each config class names them its own way.
 _BERT_LIKE = dict(hidden_size=64, num_hidden_layers=2, num_attention_heads=4, intermediate_size=128)
+# ModernBERT's config names the special tokens' ids: train_wordpiece's [PAD] [UNK] [CLS] [SEP] [MASK] are 0-4.
+_WORDPIECE_IDS = dict(pad_token_id=0, bos_token_id=2, eos_token_id=3, cls_token_id=2, sep_token_id=3)
 _PADDED_POSITIONS = dict(pad_token_id=1, max_position_embeddings=514)  # positions count from padding_idx + 1
 _TINY_ENCODERS = {
     "bert": _BERT_LIKE,
@@ -123,19 +125,11 @@ _TINY_ENCODERS = {
     "mpnet": {**_BERT_LIKE, "max_position_embeddings": 514},
     # ModernBERT: alternating global and sliding-window (local) attention, no token types;
     # a window of 16 makes the local layers matter at test lengths.
-    "modernbert": dict(
-        hidden_size=64,
-        num_hidden_layers=3,
-        num_attention_heads=4,
-        intermediate_size=96,
-        local_attention=16,
-        global_attn_every_n_layers=3,
-        pad_token_id=0,
-        bos_token_id=2,
-        eos_token_id=3,
-        cls_token_id=2,
-        sep_token_id=3,
-    ),
+    "modernbert": {
+        **_BERT_LIKE,
+        **dict(num_hidden_layers=3, intermediate_size=96, local_attention=16, global_attn_every_n_layers=3),
+        **_WORDPIECE_IDS,
+    },
 }
 
 

@@ -43,6 +43,15 @@ from hub_export.tasks import registry as tasks
 
 
 @dataclass
+class EncodedAndScored:
+    """What a quantized eager encoder-decoder computes on its reference, per input: the encoder side's output
+    (Whisper's audio encoding, a vision-language model's image embeddings) and the decoder's teacher-forced scores."""
+
+    encoded: list[torch.Tensor]
+    scores: list[torch.Tensor]  # [prompt + answer tokens, vocab]
+
+
+@dataclass
 class EncoderReference:
     """The inputs every variant of a run is checked on, and the fp32 eager model's answers to them."""
 
@@ -157,15 +166,43 @@ def label_figures(actual: torch.Tensor, expected: torch.Tensor, tie_nats: float)
     }
 
 
+def score_limits(mode: QMode) -> dict[str, float]:
+    """The bounds a variant's teacher-forced scores keep against the eager model with its quantization."""
+    # The text decoder's bounds, one definition; pipeline.verify imports the decoder's wrapper, which an
+    # encoder's export need not load.
+    from hub_export.pipeline.verify import MAX_MEAN_KL, MIN_TOP1
+
+    return {
+        "max_kl_vs_eager_allowed": MAX_MEAN_KL[mode.tolerance],
+        "min_top1_vs_eager_required": MIN_TOP1[mode.tolerance],
+    }
+
+
+def score_checks(figures: dict, limits: dict, over: str = "") -> list[tuple[bool, str]]:
+    """(failed, why) of the :func:`score_limits` bounds on ``figures``' mean_kl_vs_eager and top1_vs_eager;
+    ``over`` ends each reason (" over 64 sentences")."""
+    kl, top1 = figures["mean_kl_vs_eager"], figures["top1_vs_eager"]
+    most_kl, least_top1 = limits["max_kl_vs_eager_allowed"], limits["min_top1_vs_eager_required"]
+    return [
+        (kl > most_kl, f"mean KL from eager {kl:.3g} exceeds {most_kl:.3g}{over}"),
+        (top1 < least_top1, f"top-1 agreement with eager {top1:.0%} is below {least_top1:.0%}{over}"),
+    ]
+
+
+def first_failure(checks: list[tuple[bool, str]]) -> str | None:
+    """The reason of the first failed check, or None when all pass."""
+    return next((why for failed, why in checks if failed), None)
+
+
 def judge_labels(
     actual: torch.Tensor, expected: torch.Tensor, reference: EncoderReference, mode: QMode, noun: str
 ) -> Verification:
     """Judge class scores ``[N, classes]``: against quantized eager by KL and top-1 (pass/fail), against fp32 for
     the record (top-1, top-5 overlap, KL; and, when the right answers are known, how often each finds them)."""
-    from hub_export.pipeline.verify import MAX_MEAN_KL, MIN_TOP1, TIE_NATS  # the text decoder's bounds, one definition
+    from hub_export.pipeline.verify import TIE_NATS  # as in score_limits
 
     kind = mode.tolerance
-    limits = {"max_kl_vs_eager_allowed": MAX_MEAN_KL[kind], "min_top1_vs_eager_required": MIN_TOP1[kind]}
+    limits = score_limits(mode)
     if not torch.isfinite(actual).all():
         return Verification(False, failure="the runtime produced non-finite scores", figures=limits)
     eager = label_figures(actual, expected, TIE_NATS[kind])
@@ -183,15 +220,5 @@ def judge_labels(
         targets = torch.tensor(reference.targets)
         figures["accuracy"] = (actual.argmax(-1) == targets).float().mean().item()
         figures["fp32_accuracy"] = (reference.outputs.argmax(-1) == targets).float().mean().item()
-    failure = None
-    if eager["mean_kl"] > limits["max_kl_vs_eager_allowed"]:
-        failure = (
-            f"mean KL from eager {eager['mean_kl']:.3g} exceeds {limits['max_kl_vs_eager_allowed']:.3g} over "
-            f"{actual.shape[0]} {noun}"
-        )
-    elif eager["top1_within_ties"] < limits["min_top1_vs_eager_required"]:
-        failure = (
-            f"top-1 agreement with eager {eager['top1_within_ties']:.0%} is below "
-            f"{limits['min_top1_vs_eager_required']:.0%} over {actual.shape[0]} {noun}"
-        )
+    failure = first_failure(score_checks(figures, limits, over=f" over {actual.shape[0]} {noun}"))
     return Verification(failure is None, positions=int(actual.shape[0]), failure=failure, figures=figures)

@@ -32,62 +32,6 @@ _BAD_PATH_CHARS = re.compile("[\x00-\x1f\x7f\ud800-\udfff]")
 _RESERVED = {"api", "datasets", "spaces", "models", "buckets", "docs", "settings", "new", "organizations", "lfs"}
 
 
-class HubAPIError(Exception):
-    """A failure answered the way the Hub answers it: status, ``X-Error-Code`` and ``{"error": msg}``."""
-
-    def __init__(self, status: int, message: str, code: str | None = None, *, headers: dict[str, str] | None = None):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.code = code
-        self.headers = headers or {}
-
-
-def repo_not_found() -> HubAPIError:
-    return HubAPIError(404, "Repository not found", "RepoNotFound")
-
-
-def revision_not_found(rev: str) -> HubAPIError:
-    return HubAPIError(404, f"Invalid rev id: {rev}", "RevisionNotFound")
-
-
-def entry_not_found(message: str, commit: str | None = None) -> HubAPIError:
-    headers = {"X-Repo-Commit": commit} if commit else None
-    return HubAPIError(404, message, "EntryNotFound", headers=headers)
-
-
-def now_iso() -> str:
-    """UTC time the way the Hub writes it: ``2024-01-02T03:04:05.678Z``."""
-    now = datetime.now(timezone.utc)
-    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
-
-
-def validate_name(name: str, what: str = "repo name") -> str:
-    """Enforce the Hub's naming rules; raise :class:`InputError` (answered as 400) otherwise."""
-    problem = None
-    if not name or not _NAME_RE.fullmatch(name):
-        problem = "use only letters, digits, '.', '_' and '-'"
-    elif name[0] in ".-" or name[-1] in ".-":
-        problem = "it cannot start or end with '.' or '-'"
-    elif "--" in name or ".." in name:
-        problem = "it cannot contain '--' or '..'"
-    elif len(name) > 96:
-        problem = "it is longer than 96 characters"
-    elif name.endswith(".git") or name.lower() in _RESERVED:
-        problem = "this name is reserved"
-    if problem:
-        raise InputError(f"Invalid {what} '{name}': {problem}.")
-    return name
-
-
-def validate_path(path: str) -> str:
-    """A path inside a repository: relative, no empty, '.', '..' or '.git' segments."""
-    parts = path.split("/")
-    if not path or any(p in ("", ".", "..", ".git") for p in parts) or "\\" in path or _BAD_PATH_CHARS.search(path):
-        raise InputError(f"Invalid path in repository: '{path}'.")
-    return path
-
-
 @dataclass(frozen=True)
 class Caller:
     """The account behind a token, its token's role, and its org roles."""
@@ -168,3 +112,59 @@ class GcResult:
             f"Removed {self.temp.count} temp file(s) and {self.blobs.count} unreferenced blob(s),"
             f" {freed:.1f} MiB freed."
         )
+
+
+class HubAPIError(Exception):
+    """A failure answered the way the Hub answers it: status, ``X-Error-Code`` and ``{"error": msg}``."""
+
+    def __init__(self, status: int, message: str, code: str | None = None, *, headers: dict[str, str] | None = None):
+        super().__init__(message)
+        self.status = status
+        self.message = message
+        self.code = code
+        self.headers = headers or {}
+
+
+def repo_not_found() -> HubAPIError:
+    return HubAPIError(404, "Repository not found", "RepoNotFound")
+
+
+def revision_not_found(rev: str) -> HubAPIError:
+    return HubAPIError(404, f"Invalid rev id: {rev}", "RevisionNotFound")
+
+
+def entry_not_found(message: str, commit: str | None = None) -> HubAPIError:
+    headers = {"X-Repo-Commit": commit} if commit else None
+    return HubAPIError(404, message, "EntryNotFound", headers=headers)
+
+
+def now_iso() -> str:
+    """UTC time the way the Hub writes it: ``2024-01-02T03:04:05.678Z``."""
+    now = datetime.now(timezone.utc)
+    return now.strftime("%Y-%m-%dT%H:%M:%S.") + f"{now.microsecond // 1000:03d}Z"
+
+
+def validate_name(name: str, what: str = "repo name") -> str:
+    """Enforce the Hub's naming rules; raise :class:`InputError` (answered as 400) otherwise."""
+    problem = None
+    if not name or not _NAME_RE.fullmatch(name):
+        problem = "use only letters, digits, '.', '_' and '-'"
+    elif name[0] in ".-" or name[-1] in ".-":
+        problem = "it cannot start or end with '.' or '-'"
+    elif "--" in name or ".." in name:
+        problem = "it cannot contain '--' or '..'"
+    elif len(name) > 96:
+        problem = "it is longer than 96 characters"
+    elif name.endswith(".git") or name.lower() in _RESERVED:
+        problem = "this name is reserved"
+    if problem:
+        raise InputError(f"Invalid {what} '{name}': {problem}.")
+    return name
+
+
+def validate_path(path: str) -> str:
+    """A path inside a repository: relative, no empty, '.', '..' or '.git' segments."""
+    parts = path.split("/")
+    if not path or any(p in ("", ".", "..", ".git") for p in parts) or "\\" in path or _BAD_PATH_CHARS.search(path):
+        raise InputError(f"Invalid path in repository: '{path}'.")
+    return path

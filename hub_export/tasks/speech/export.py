@@ -40,7 +40,7 @@ from hub_export.errors import InputError, VerificationError, first_line, opt
 from hub_export.pipeline import quantize
 from hub_export.pipeline.quantize import QMode
 from hub_export.pipeline.records import Verification
-from hub_export.tasks.encoders import label_figures
+from hub_export.tasks.encoders import EncodedAndScored, first_failure, label_figures, score_checks, score_limits
 from hub_export.tasks.speech.decoding import (
     METHODS,
     SAMPLE_RATE,
@@ -335,14 +335,6 @@ class SpeechReference:
         return self.clips
 
 
-@dataclass
-class SpeechExpected:
-    """What the quantized eager model computes on the reference: encoder outputs, teacher-forced scores."""
-
-    encoder_outputs: list[torch.Tensor]
-    scores: list[torch.Tensor]  # [prompt + transcript tokens, vocab] per clip
-
-
 def reference(model: nn.Module, folder: Path, max_seq_len: int) -> SpeechReference:
     """Transcribe the shipped recordings with the fp32 eager model, through the loop the file will run."""
     from transformers import AutoFeatureExtractor
@@ -366,7 +358,7 @@ def reference(model: nn.Module, folder: Path, max_seq_len: int) -> SpeechReferen
     return record
 
 
-def expected(wrapped: SpeechModel, reference: SpeechReference) -> SpeechExpected:
+def expected(wrapped: SpeechModel, reference: SpeechReference) -> EncodedAndScored:
     """The quantized eager model's encoder outputs and teacher-forced scores on the reference transcripts."""
     outputs, scores = [], []
     with torch.no_grad():
@@ -375,7 +367,7 @@ def expected(wrapped: SpeechModel, reference: SpeechReference) -> SpeechExpected
             ids = torch.tensor([reference.prompt + tokens], dtype=torch.long)
             outputs.append(cross)
             scores.append(wrapped.text_decoder(ids, cross, torch.arange(ids.shape[1]))[0])
-    return SpeechExpected(outputs, scores)
+    return EncodedAndScored(outputs, scores)
 
 
 def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
@@ -383,17 +375,16 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 
 def verify_variant(
-    pte_path: str | Path, expected: SpeechExpected, reference: SpeechReference, mode: QMode, qembedding: str | None
+    pte_path: str | Path, expected: EncodedAndScored, reference: SpeechReference, mode: QMode, qembedding: str | None
 ) -> Verification:
     """Check each method of ``pte_path`` on the shipped recordings and measure its word error rate."""
-    from hub_export.pipeline.verify import MAX_MEAN_KL, MIN_TOP1, TIE_NATS  # the text decoder's bounds, one definition
+    from hub_export.pipeline.verify import TIE_NATS  # the text decoder's bound, one definition
 
     kind = mode.tolerance
     limits = {
         "max_feature_diff_allowed": MAX_FEATURE_DIFF,
         "min_encoder_cosine_required": MIN_ENCODER_COSINE[kind],
-        "max_kl_vs_eager_allowed": MAX_MEAN_KL[kind],
-        "min_top1_vs_eager_required": MIN_TOP1[kind],
+        **score_limits(mode),
     }
     try:
         file = SpeechFile(pte_path)
@@ -414,16 +405,13 @@ def verify_variant(
          f"{figures['max_feature_diff']:.3g} (allowed {MAX_FEATURE_DIFF})"),
         (figures["min_encoder_cosine"] < limits["min_encoder_cosine_required"], f"encoder output cosine to eager "
          f"{figures['min_encoder_cosine']:.4f} is below {limits['min_encoder_cosine_required']}"),
-        (figures["mean_kl_vs_eager"] > limits["max_kl_vs_eager_allowed"], f"mean KL from eager "
-         f"{figures['mean_kl_vs_eager']:.3g} exceeds {limits['max_kl_vs_eager_allowed']:.3g}"),
-        (figures["top1_vs_eager"] < limits["min_top1_vs_eager_required"], f"top-1 agreement with eager "
-         f"{figures['top1_vs_eager']:.0%} is below {limits['min_top1_vs_eager_required']:.0%}"),
+        *score_checks(figures, limits),
     ]  # fmt: skip
-    failure = next((why for failed, why in checks if failed), None)
+    failure = first_failure(checks)
     return Verification(failure is None, positions=int(figures["positions"]), failure=failure, figures=figures)
 
 
-def _measure(file: SpeechFile, expected: SpeechExpected, reference: SpeechReference, tie_nats: float) -> dict:
+def _measure(file: SpeechFile, expected: EncodedAndScored, reference: SpeechReference, tie_nats: float) -> dict:
     """The file's figures on the reference: features, encoder, teacher-forced scores, transcripts."""
     feature_diff, cosines, rows, eager_rows, texts = 0.0, [], [], [], []
     folder_settings = reference.settings
@@ -431,7 +419,7 @@ def _measure(file: SpeechFile, expected: SpeechExpected, reference: SpeechRefere
         features = file.features(clip.waveform)
         feature_diff = max(feature_diff, float((features - reference.features[index]).abs().max()))
         cross = file.encode(reference.features[index])
-        cosines.append(_cosine(cross, expected.encoder_outputs[index]))
+        cosines.append(_cosine(cross, expected.encoded[index]))
         ids = torch.tensor([reference.prompt + reference.tokens[index]], dtype=torch.long)
         rows.append(file.decode(ids, cross, torch.arange(ids.shape[1]))[0])
         eager_rows.append(expected.scores[index])

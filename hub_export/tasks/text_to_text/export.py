@@ -30,7 +30,7 @@ from hub_export.patches import delegable_norms
 from hub_export.pipeline import quantize
 from hub_export.pipeline.quantize import QMode
 from hub_export.pipeline.records import Verification
-from hub_export.tasks.encoders import label_figures
+from hub_export.tasks.encoders import first_failure, label_figures, score_checks, score_limits
 from hub_export.tasks.sentence_embeddings.export import eval_sentences
 from hub_export.tasks.speech.decoding import EncoderDecoderFile, load_custom_ops
 
@@ -254,10 +254,10 @@ def verify_variant(
     qembedding: str | None,
 ) -> Verification:
     """Teacher-forced scores against quantized eager (pass/fail), greedy answers against fp32's (quality)."""
-    from hub_export.pipeline.verify import MAX_MEAN_KL, MIN_TOP1, TIE_NATS  # the text decoder's bounds, one definition
+    from hub_export.pipeline.verify import TIE_NATS  # the text decoder's bound, one definition
 
     kind = mode.tolerance
-    limits = {"max_kl_vs_eager_allowed": MAX_MEAN_KL[kind], "min_top1_vs_eager_required": MIN_TOP1[kind]}
+    limits = score_limits(mode)
     try:
         file = EncoderDecoderFile(pte_path)
         rows, answers = [], []
@@ -276,15 +276,6 @@ def verify_variant(
         "top1_vs_eager": agreement["top1_within_ties"],
         "same_answer_as_fp32": sum(same) / len(same),
     }
-    failure = None
-    if figures["mean_kl_vs_eager"] > limits["max_kl_vs_eager_allowed"]:
-        failure = (
-            f"mean KL from eager {figures['mean_kl_vs_eager']:.3g} exceeds {limits['max_kl_vs_eager_allowed']:.3g}"
-        )
-    elif figures["top1_vs_eager"] < limits["min_top1_vs_eager_required"]:
-        failure = (
-            f"top-1 agreement with eager {figures['top1_vs_eager']:.0%} is below "
-            f"{limits['min_top1_vs_eager_required']:.0%}"
-        )
+    failure = first_failure(score_checks(figures, limits))
     positions = int(sum(r.shape[0] for r in rows))
     return Verification(failure is None, positions=positions, failure=failure, figures=figures)

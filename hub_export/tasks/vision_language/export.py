@@ -48,14 +48,12 @@ from hub_export.pipeline.lower import runner_metadata
 from hub_export.pipeline.quantize import QMode
 from hub_export.pipeline.records import Verification
 from hub_export.pipeline.verify import (  # the text decoder's bounds, one definition
-    MAX_MEAN_KL,
-    MIN_TOP1,
     TIE_NATS,
     eval_text,
 )
 from hub_export.runtime.process_env import pte_process_env
 from hub_export.tasks.archs import SUPPORTED_MODEL_TYPES
-from hub_export.tasks.encoders import label_figures
+from hub_export.tasks.encoders import EncodedAndScored, first_failure, label_figures, score_checks, score_limits
 from hub_export.tasks.image_classification.export import draw
 from hub_export.tasks.speech.export import delegable_layer_norms
 from hub_export.tasks.text_generation.export import needs_strict_tracing
@@ -266,14 +264,6 @@ class VisionLanguageReference:
         return self.prompts
 
 
-@dataclass
-class VisionLanguageExpected:
-    """The quantized eager model's image embeddings and teacher-forced scores on the reference."""
-
-    features: list[torch.Tensor]
-    scores: list[torch.Tensor]
-
-
 def eval_prompts(folder: Path, family: Family, size: int, tokenizer) -> tuple[list[str], list[Prompt]]:
     items, prompts = [], []
     for index in range(EVAL_IMAGES):
@@ -312,7 +302,7 @@ def reference(model: nn.Module, folder: Path, max_seq_len: int) -> VisionLanguag
                                    max_seq_len, tokenizer_json)  # fmt: skip
 
 
-def expected(wrapped: VisionLanguageModel, reference: VisionLanguageReference) -> VisionLanguageExpected:
+def expected(wrapped: VisionLanguageModel, reference: VisionLanguageReference) -> EncodedAndScored:
     steps = EagerSteps(wrapped)
     features, scores = [], []
     for prompt, answer in zip(reference.prompts, reference.answers, strict=True):
@@ -320,7 +310,7 @@ def expected(wrapped: VisionLanguageModel, reference: VisionLanguageReference) -
         scores.append(rows)
         features.append(torch.cat(embeds, dim=1))
     zero_cache(wrapped)
-    return VisionLanguageExpected(features, scores)
+    return EncodedAndScored(features, scores)
 
 
 def _decode(reference: VisionLanguageReference, tokens: list[int]) -> str:
@@ -346,10 +336,7 @@ def _checks(figures: dict, limits: dict) -> list[tuple[bool, str]]:
     return [
         (figures["min_feature_cosine"] < limits["min_feature_cosine_required"], f"image embeddings' cosine to eager "
          f"{figures['min_feature_cosine']:.4f} is below {limits['min_feature_cosine_required']}"),
-        (figures["mean_kl_vs_eager"] > limits["max_kl_vs_eager_allowed"], f"mean KL from eager "
-         f"{figures['mean_kl_vs_eager']:.3g} exceeds {limits['max_kl_vs_eager_allowed']:.3g}"),
-        (figures["top1_vs_eager"] < limits["min_top1_vs_eager_required"], f"top-1 agreement with eager "
-         f"{figures['top1_vs_eager']:.0%} is below {limits['min_top1_vs_eager_required']:.0%}"),
+        *score_checks(figures, limits),
     ]  # fmt: skip
 
 
@@ -359,7 +346,7 @@ def _cosine(a: torch.Tensor, b: torch.Tensor) -> float:
 
 def verify_variant(
     pte_path: str | Path,
-    expected: VisionLanguageExpected,
+    expected: EncodedAndScored,
     reference: VisionLanguageReference,
     mode: QMode,
     qembedding: str | None,
@@ -368,18 +355,14 @@ def verify_variant(
     """Each method against quantized eager (pass/fail), the answers against fp32's (quality), one prompt in
     ``MultimodalRunner``."""
     kind = mode.tolerance
-    limits = {
-        "min_feature_cosine_required": MIN_FEATURE_COSINE[kind],
-        "max_kl_vs_eager_allowed": MAX_MEAN_KL[kind],
-        "min_top1_vs_eager_required": MIN_TOP1[kind],
-    }
+    limits = {"min_feature_cosine_required": MIN_FEATURE_COSINE[kind], **score_limits(mode)}
     try:
         file = VisionLanguageFile(pte_path)
         rows, cosines, answers, stops = [], [], [], []
         for index, prompt in enumerate(reference.prompts):
             scores, embeds = teacher_forced(file, prompt, reference.answers[index])
             rows.append(scores)
-            cosines.append(_cosine(torch.cat(embeds, dim=1), expected.features[index]))
+            cosines.append(_cosine(torch.cat(embeds, dim=1), expected.encoded[index]))
             answer, stop = greedy_until(file, prompt, NEW_TOKENS, set(reference.eos), file.max_seq_len)
             answers.append(answer)
             stops.append(stop)
@@ -411,7 +394,7 @@ def verify_variant(
         figures["runner_matches"] = float(runner.startswith(own))
         checks.append((not runner.startswith(own), f"MultimodalRunner answered {runner[:40]!r}, the file's own loop "
                        f"{own[:40]!r}"))  # fmt: skip
-    failure = next((why for failed, why in checks if failed), None)
+    failure = first_failure(checks)
     positions = int(sum(r.shape[0] for r in rows))
     return Verification(failure is None, positions=positions, failure=failure, figures=figures)
 

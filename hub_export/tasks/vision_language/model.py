@@ -22,6 +22,22 @@ METHODS = ("vision_encoder", "token_embedding", "text_decoder")
 MAX_IMAGES = 8  # a prompt's images (each also needs its tokens of the cache)
 
 
+def _side(value) -> int:
+    return int(value[0] if isinstance(value, (list, tuple)) else value)
+
+
+def _tower_and_projector(model: nn.Module) -> nn.Module:
+    return nn.ModuleList([model.model.vision_tower, model.model.multi_modal_projector])
+
+
+def _language_model(model: nn.Module) -> nn.Module:
+    return model.model.language_model
+
+
+def _tower_side(config) -> int:
+    return _side(config.vision_config.image_size)
+
+
 @dataclass(frozen=True)
 class Family:
     """How one vision-language architecture turns pixels into embeddings and where its text model lives."""
@@ -29,10 +45,12 @@ class Family:
     name: str
     model_types: tuple[str, ...]
     image_features: Callable[[nn.Module, torch.Tensor], torch.Tensor]  # (model, normalised pixels) -> [1, n, d]
-    vision_module: Callable[[nn.Module], nn.Module]  # the tower and connector: quantized with --qmode-encoder
-    language_model: Callable[[nn.Module], nn.Module]  # the decoder body, called with inputs_embeds
     image_tokens: Callable[[Any], int]  # embeddings one image adds to the prompt
-    image_size: Callable[[Any], int]  # the side of the square the vision tower takes
+    # The defaults are transformers' usual layout (LLaVA's): model.model.{vision_tower,
+    # multi_modal_projector, language_model} and a vision config's image_size.
+    vision_module: Callable[[nn.Module], nn.Module] = _tower_and_projector  # quantized with --qmode-encoder
+    language_model: Callable[[nn.Module], nn.Module] = _language_model  # the decoder body, called with inputs_embeds
+    image_size: Callable[[Any], int] = _tower_side  # the side of the square the vision tower takes
     markers: tuple[str, str] = ("", "")  # text the prompt carries before and after each image's embeddings
     placeholder: str = "<image>"  # what the chat template writes where an image goes
 
@@ -79,22 +97,10 @@ def _internvl_features(model: nn.Module, pixels: torch.Tensor) -> torch.Tensor:
     return out.pooler_output
 
 
-def _side(value) -> int:
-    return int(value[0] if isinstance(value, (list, tuple)) else value)
-
-
 def _internvl_tokens(config) -> int:
     vision = config.vision_config
     patches = (_side(vision.image_size) // _side(vision.patch_size)) ** 2
     return int(patches * config.downsample_ratio**2)
-
-
-def _tower_and_projector(model: nn.Module) -> nn.Module:
-    return nn.ModuleList([model.model.vision_tower, model.model.multi_modal_projector])
-
-
-def _language_model(model: nn.Module) -> nn.Module:
-    return model.model.language_model
 
 
 IDEFICS3 = Family(
@@ -115,10 +121,7 @@ LLAVA = Family(
     name="LLaVA",
     model_types=("llava",),
     image_features=_llava_features,
-    vision_module=_tower_and_projector,
-    language_model=_language_model,
     image_tokens=_llava_tokens,
-    image_size=lambda config: _side(config.vision_config.image_size),
 )
 
 
@@ -126,10 +129,7 @@ INTERNVL = Family(
     name="InternVL",
     model_types=("internvl",),
     image_features=_internvl_features,
-    vision_module=_tower_and_projector,
-    language_model=_language_model,
     image_tokens=_internvl_tokens,
-    image_size=lambda config: _side(config.vision_config.image_size),
     markers=("<img>", "</img>"),
     placeholder="<IMG_CONTEXT>",
 )
