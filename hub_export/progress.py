@@ -88,3 +88,10 @@ def time_left(started: float, done: int, total: int) -> str:
     seconds = (time.perf_counter() - started) / done * (total - done)
     shown = f"{seconds / 60:.0f} min" if seconds >= 90 else f"{seconds:.0f} s"
     return f", about {shown} left"
+
+
+def clock(seconds: float) -> str:
+    """``seconds`` as a clock reads: "4:05", or "1:02:03" from an hour on."""
+    hours, rest = divmod(int(seconds), 3600)
+    minutes, seconds = divmod(rest, 60)
+    return f"{hours}:{minutes:02d}:{seconds:02d}" if hours else f"{minutes}:{seconds:02d}"

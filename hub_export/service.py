@@ -23,6 +23,7 @@ from __future__ import annotations
 
 import dataclasses
 import logging
+import os
 import queue
 import shutil
 import tempfile
@@ -39,19 +40,23 @@ from hub_export.hub.api import check_repo_id, default_repo_name, read_card
 from hub_export.hub.card import human_size, task_of, variant_facts
 from hub_export.hub.pull import list_variants, pull
 from hub_export.hub.push import PushResult, push
+from hub_export.media.files import open_regular
 from hub_export.options import FORM_NONE, ExportOptions, form_fields, form_kind
 from hub_export.pipeline.manifest import Manifest
+from hub_export.progress import clock
 from hub_export.redact import Redactor
 from hub_export.tasks.fill_mask.run import FillMaskResult, fill_mask
 from hub_export.tasks.image_classification.run import ClassifyResult, classify
 from hub_export.tasks.sentence_embeddings.run import EmbedResult, embed
-from hub_export.tasks.speech.run import TranscriptionResult, transcribe
+from hub_export.tasks.speech.run import TranscriptionResult, stream_transcribe
 from hub_export.tasks.text_generation.run import GenerationResult, Sampling, stream_generate
 
 log = logging.getLogger(__name__)
 
 MAX_NEW_TOKENS = 256
 MAX_PROMPT_CHARS = 4000
+MAX_AUDIO_SECONDS = 300  # of a preview's recording: the Space's default (HUB_EXPORT_SPACE_MAX_AUDIO_SECONDS)
+MAX_UPLOAD_BYTES = 50 << 20  # a preview's image or recording, checked before it is decoded
 TABLE_HEADERS = [
     "file", "this job", "size", "max context", "memory at full context", "verified", "verification", "perplexity (vs fp32)", "prefill tok/s",
     "decode tok/s",
@@ -211,6 +216,7 @@ class PreviewRequest:
     sampling: Sampling = field(default_factory=Sampling)
     image: str | None = None  # an uploaded image's path, for an image-classification repo
     audio: str | None = None  # an uploaded recording's path, for a speech-recognition repo
+    max_audio_seconds: float = MAX_AUDIO_SECONDS  # of a recording, transcribed
 
 
 def sampling_from_form(temperature: Any, top_p: Any, top_k: Any, repetition_penalty: Any, seed: Any) -> Sampling:
@@ -235,6 +241,7 @@ def preview_request(
     sampling: Sampling | None = None,
     image: str | None = None,
     audio: str | None = None,
+    max_audio_seconds: float = MAX_AUDIO_SECONDS,
 ) -> PreviewRequest:
     """Check a preview form (and API arguments) before anything is downloaded.
 
@@ -255,6 +262,9 @@ def preview_request(
         raise InputError(f"Max new tokens is at most {MAX_NEW_TOKENS} here (got {limit})")
     sampling = sampling or Sampling()
     sampling.check()  # the library's rules and words; here, so a bad value fails before the download
+    for upload, what in ((image, "image"), (audio, "audio")):
+        if upload:
+            _check_upload(upload, what)
     return PreviewRequest(
         repo_id,
         (variant or "").strip() or None,
@@ -265,7 +275,16 @@ def preview_request(
         sampling,
         image or None,
         audio or None,
+        max_audio_seconds,
     )
+
+
+def _check_upload(path: str, what: str) -> None:
+    """An uploaded file: a regular file of at most :data:`MAX_UPLOAD_BYTES` (its content is checked as it is read)."""
+    with open_regular(path, what) as file:
+        size = os.fstat(file.fileno()).st_size
+    if size > MAX_UPLOAD_BYTES:
+        raise InputError(f"the {what} is {size / 2**20:.0f} MB; upload at most {MAX_UPLOAD_BYTES >> 20} MB here")
 
 
 # -- jobs -------------------------------------------------------------------------------------
@@ -448,31 +467,31 @@ def _preview_fill_mask(request: PreviewRequest, files: Path, pte: str, emit: Emi
     return result
 
 
-def _preview_media(upload: str | None, refusal: str, stage: str, run: Callable[[str], Any], shown, emit: Emit):
-    """Run ``run`` on an uploaded file (refused with ``refusal`` when there is none) and show ``shown(result)``."""
-    if not upload:
-        raise InputError(refusal)
-    emit(("stage", stage))
-    result = run(upload)
-    emit(("text", shown(result)))
+def _preview_classify(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> ClassifyResult:
+    """Show the uploaded image's most likely labels."""
+    if not request.image:
+        raise InputError("this repo labels images: upload one")
+    emit(("stage", f"labelling the image with {pte}"))
+    result = classify(files / pte, files, request.image)
+    emit(("text", "\n".join(f"{label.label}: {label.probability:.3f}" for label in result.labels)))
     return result
 
 
-def _preview_classify(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> ClassifyResult:
-    """Show the uploaded image's most likely labels."""
-    return _preview_media(
-        request.image, "this repo labels images: upload one", f"labelling the image with {pte}",
-        lambda image: classify(files / pte, files, image),
-        lambda result: "\n".join(f"{label.label}: {label.probability:.3f}" for label in result.labels), emit,
-    )  # fmt: skip
-
-
 def _preview_transcribe(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> TranscriptionResult:
-    """Show the uploaded recording's text."""
-    return _preview_media(
-        request.audio, "this repo transcribes speech: upload a recording", f"transcribing with {pte}",
-        lambda audio: transcribe(files / pte, files, audio), lambda result: result.text, emit,
-    )  # fmt: skip
+    """Show the uploaded recording's text window by window, as each is decoded."""
+    if not request.audio:
+        raise InputError("this repo transcribes speech: upload a recording")
+    emit(("stage", f"transcribing with {pte}"))
+    windows = []
+    for window in stream_transcribe(files / pte, files, request.audio, max_seconds=request.max_audio_seconds):
+        windows.append(window)
+        emit(("text", (" " if len(windows) > 1 and window.text else "") + window.text))
+        emit(("stage", f"transcribing with {pte}: {clock(window.end)} of {clock(window.audio_seconds)}"))
+    for note in windows[-1].notes:
+        emit(("text", f"\n({note})"))
+    if windows[-1].stopped_early:
+        emit(("text", f"\n(the first {request.max_audio_seconds:g} s are transcribed here)"))
+    return TranscriptionResult.from_windows(windows)
 
 
 def _preview_text2text(request: PreviewRequest, files: Path, pte: str, emit: Emit) -> str:

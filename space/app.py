@@ -18,6 +18,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
+import PIL.Image
 
 # The Space's own modules, in this folder (on sys.path for `python space/app.py` and on Spaces); the app
 # re-exports what tests and scripts use.
@@ -111,6 +112,10 @@ def check_export_form(jobs: Jobs):
 def build_app(settings: Settings | None = None) -> gr.Blocks:
     """The Space's Blocks, with its queue configured; launch with ``.launch(**LAUNCH_OPTIONS)``."""
     settings = settings or settings_from_env()
+    # Gradio opens an uploaded image to read its header, and Pillow's own bomb check would fail
+    # there with a traceback; hub_export.media.images checks every image's pixels from its
+    # header before decoding instead, with the same one-line message as the CLI.
+    PIL.Image.MAX_IMAGE_PIXELS = None
     jobs = Jobs(settings)
     # No analytics: the app should call no one but the Hub it works with.
     with gr.Blocks(title="hub-export: Hugging Face → ExecuTorch", analytics_enabled=False) as app:

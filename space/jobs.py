@@ -14,7 +14,7 @@ from collections.abc import Iterator
 from typing import Any
 
 import gradio as gr
-from layout import DONE, FAILED, RUNNING, ExportView, bar, clock
+from layout import DONE, FAILED, RUNNING, ExportView, bar
 from settings import Settings
 from wording import failure_message
 
@@ -23,6 +23,7 @@ from hub_export.errors import HubError
 from hub_export.hub.api import target_repo
 from hub_export.hub.pull import list_variants
 from hub_export.pipeline.engines import RayEngine
+from hub_export.progress import clock
 from hub_export.redact import Redactor
 from hub_export.service import BackgroundJob
 from hub_export.tasks.fill_mask.run import FillMaskResult
@@ -217,7 +218,10 @@ class Jobs:
         text = ""  # kept: a failure shows what was generated before it
         try:
             sampling = service.sampling_from_form(temperature, top_p, top_k, repetition_penalty, seed)
-            request = service.preview_request(repo_id, variant, prompt, max_new_tokens, chat, system, sampling, image)
+            request = service.preview_request(
+                repo_id, variant, prompt, max_new_tokens, chat, system, sampling, image, audio,
+                self.settings.max_audio_seconds,
+            )  # fmt: skip
             user = self.user_token(oauth_token, token, required=False)
             redact.add(user)
             started = time.monotonic()

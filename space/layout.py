@@ -16,7 +16,7 @@ import pandas as pd
 
 from hub_export.hub.api import default_repo_name
 from hub_export.options import form_fields, form_kind
-from hub_export.service import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, TABLE_HEADERS, shown_default
+from hub_export.service import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_UPLOAD_BYTES, TABLE_HEADERS, shown_default
 from hub_export.tasks.text_generation.run import Sampling
 
 HERE = Path(__file__).parent
@@ -30,11 +30,6 @@ def bar(fraction: float, width: int = 16) -> str:
     """A text progress bar: it lives in the status line, which stays readable when a job fails."""
     done = round(max(0.0, min(fraction, 1.0)) * width)
     return "▰" * done + "▱" * (width - done)
-
-
-def clock(seconds: float) -> str:
-    minutes, seconds = divmod(int(seconds), 60)
-    return f"{minutes}:{seconds:02d}"
 
 
 @dataclass
@@ -185,6 +180,7 @@ def preview_tab() -> dict[str, Any]:
         ui["image"] = gr.Image(
             label="Image (for an image-classification or vision-language repo)",
             type="filepath",
+            image_mode=None,  # the path as uploaded: Gradio decodes nothing (an animated GIF's frames included)
             sources=["upload"],
             height=180,
         )
@@ -263,6 +259,9 @@ LAUNCH_OPTIONS: dict[str, Any] = {
     "footer_links": ["api", "gradio"],
     "css": PAGE_CSS,
     "head": PAGE_SCRIPT,
+    # Uploads over this are refused by Gradio before they are stored; what they hold (pixels,
+    # frames, seconds) is checked from their headers when a preview reads them.
+    "max_file_size": MAX_UPLOAD_BYTES,
 }
 
 

@@ -11,6 +11,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from hub_export.hub.api import resolve_endpoint
+from hub_export.service import MAX_AUDIO_SECONDS
 
 log = logging.getLogger("hub_export.space")
 
@@ -61,6 +62,7 @@ class Settings:
     work_root: Path = field(default_factory=lambda: Path(tempfile.gettempdir()) / "hub-export-space")
     env_token: str | None = field(default=None, repr=False)  # never printed
     ray_address: str | None = None  # exports run on this Ray cluster instead of this machine
+    max_audio_seconds: int = MAX_AUDIO_SECONDS  # of a recording, transcribed by a preview
 
     @property
     def allow_local_sources(self) -> bool:
@@ -90,4 +92,5 @@ def settings_from_env(env: Mapping[str, str] | None = None) -> Settings:
         **({"work_root": Path(work_root).expanduser()} if work_root else {}),
         env_token=env_token if auth.env_token_allowed else None,
         ray_address=env.get("HUB_EXPORT_RAY_ADDRESS", "").strip() or None,
+        max_audio_seconds=_positive_int(env, "HUB_EXPORT_SPACE_MAX_AUDIO_SECONDS", MAX_AUDIO_SECONDS),
     )

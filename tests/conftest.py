@@ -64,3 +64,60 @@ def exported_shared(tmp_path_factory, tiny_model) -> Path:
     out = tmp_path_factory.mktemp("exports") / "tiny-shared"
     export(str(tiny_model), out, qmodes=["8da8w"], qembedding="8w", max_seq_len=64, share_embeddings=True)
     return out
+
+
+@pytest.fixture(scope="session")
+def tiny_whisper(tmp_path_factory) -> Path:
+    from hub_export.models.tiny import build_tiny_whisper
+
+    return build_tiny_whisper(tmp_path_factory.mktemp("speech") / "tiny-whisper")
+
+
+@pytest.fixture(scope="session")
+def exported_whisper(tmp_path_factory, tiny_whisper) -> Path:
+    from hub_export.pipeline.export import export
+
+    out = tmp_path_factory.mktemp("exports") / "tiny-whisper"
+    export(str(tiny_whisper), out, qmodes=["fp32", "8da8w"], qembedding="8w", jobs=1)
+    return out
+
+
+@pytest.fixture(scope="session")
+def spoken(tmp_path_factory) -> Path:
+    """A shipped recording, resampled to 44.1 kHz stereo WAV: what a user's file looks like."""
+    import numpy as np
+    import soundfile
+    from scipy.signal import resample_poly
+
+    from hub_export.tasks.speech.export import eval_clips
+
+    clip = eval_clips()[1]
+    stereo = np.stack([resample_poly(clip.waveform.numpy(), 441, 160)] * 2, axis=1)
+    path = tmp_path_factory.mktemp("audio") / "speech.wav"
+    soundfile.write(path, stereo, 44100)
+    return path
+
+
+@pytest.fixture(scope="session")
+def tiny_vit(tmp_path_factory) -> Path:
+    from hub_export.models.tiny import build_tiny_image_classifier
+
+    return build_tiny_image_classifier(tmp_path_factory.mktemp("vision") / "tiny-vit", "vit")
+
+
+@pytest.fixture(scope="session")
+def exported_vit(tmp_path_factory, tiny_vit) -> Path:
+    from hub_export.pipeline.export import export
+
+    out = tmp_path_factory.mktemp("exports") / "tiny-vit"
+    export(str(tiny_vit), out, qmodes=["fp32", "8da8w"], jobs=1)
+    return out
+
+
+@pytest.fixture(scope="session")
+def picture(tmp_path_factory) -> Path:
+    from hub_export.tasks.image_classification.export import draw
+
+    path = tmp_path_factory.mktemp("images") / "circle.png"
+    draw(0, 96)[0].save(path)
+    return path

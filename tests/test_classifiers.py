@@ -28,31 +28,6 @@ def exported_mlm(tmp_path_factory, tiny_mlm) -> Path:
     return out
 
 
-@pytest.fixture(scope="session")
-def tiny_vit(tmp_path_factory) -> Path:
-    from hub_export.models.tiny import build_tiny_image_classifier
-
-    return build_tiny_image_classifier(tmp_path_factory.mktemp("vision") / "tiny-vit", "vit")
-
-
-@pytest.fixture(scope="session")
-def exported_vit(tmp_path_factory, tiny_vit) -> Path:
-    from hub_export.pipeline.export import export
-
-    out = tmp_path_factory.mktemp("exports") / "tiny-vit"
-    export(str(tiny_vit), out, qmodes=["fp32", "8da8w"], jobs=1)
-    return out
-
-
-@pytest.fixture(scope="session")
-def picture(tmp_path_factory) -> Path:
-    from hub_export.tasks.image_classification.export import draw
-
-    path = tmp_path_factory.mktemp("images") / "circle.png"
-    draw(0, 96)[0].save(path)
-    return path
-
-
 # --- fill-mask ----------------------------------------------------------------------------------
 
 

@@ -13,38 +13,6 @@ from helpers import error_line, run_cli
 from hub_export.errors import InputError
 
 
-@pytest.fixture(scope="session")
-def tiny_whisper(tmp_path_factory) -> Path:
-    from hub_export.models.tiny import build_tiny_whisper
-
-    return build_tiny_whisper(tmp_path_factory.mktemp("speech") / "tiny-whisper")
-
-
-@pytest.fixture(scope="session")
-def exported_whisper(tmp_path_factory, tiny_whisper) -> Path:
-    from hub_export.pipeline.export import export
-
-    out = tmp_path_factory.mktemp("exports") / "tiny-whisper"
-    export(str(tiny_whisper), out, qmodes=["fp32", "8da8w"], qembedding="8w", jobs=1)
-    return out
-
-
-@pytest.fixture(scope="session")
-def spoken(tmp_path_factory) -> Path:
-    """A shipped recording, resampled to 44.1 kHz stereo WAV: what a user's file looks like."""
-    import numpy as np
-    import soundfile
-    from scipy.signal import resample_poly
-
-    from hub_export.tasks.speech.export import eval_clips
-
-    clip = eval_clips()[1]
-    stereo = np.stack([resample_poly(clip.waveform.numpy(), 441, 160)] * 2, axis=1)
-    path = tmp_path_factory.mktemp("audio") / "speech.wav"
-    soundfile.write(path, stereo, 44100)
-    return path
-
-
 def test_a_whisper_file_has_the_methods_its_consumers_call(exported_whisper) -> None:
     from hub_export.pipeline.manifest import Manifest
     from hub_export.runtime.pte import PteModel

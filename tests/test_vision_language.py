@@ -172,9 +172,9 @@ def test_bad_images_are_refused_in_one_line(exported_vlm, drawn_images, tmp_path
     not_image.write_text("not an image")
     base = ["generate", str(exported_vlm), "--variant", "8da4w", "--prompt", "Hi"]
     cases = {
-        "no image at": ["--image", str(tmp_path / "missing.png")],
+        "no file at": ["--image", str(tmp_path / "missing.png")],
         "is not an image": ["--image", str(not_image)],
-        "video input is not supported": ["--image", str(animated)],
+        "is animated": ["--image", str(animated)],
         "at most 8": [arg for _ in range(9) for arg in ("--image", str(drawn_images[0]))],
         "this file holds at most 127": [arg for _ in range(8) for arg in ("--image", str(drawn_images[0]))],
     }
@@ -182,6 +182,23 @@ def test_bad_images_are_refused_in_one_line(exported_vlm, drawn_images, tmp_path
         code, out, err = run_cli(base + extra, capsys)
         assert code != 0 and words in err, (words, err)
         assert "Traceback" not in err and len(err.strip().splitlines()) <= 2
+
+
+def test_hostile_images_are_refused_by_generate_in_one_line(exported_vlm, tmp_path, capsys) -> None:
+    """Bombs, animations, damaged files and files that are not files, as the CLI's --image and the API take them."""
+    from helpers import error_line, run_cli
+    from hostile_media import image_corpus
+
+    from hub_export.errors import InputError
+    from hub_export.tasks.vision_language.run import load_image
+
+    base = ["generate", str(exported_vlm), "--variant", "8da4w", "--prompt", "Hi", "--image"]
+    for what, path in image_corpus(tmp_path / "images").items():
+        code, _, err = run_cli([*base, str(path)], capsys)
+        assert code == 2 and path.name in error_line(err), (what, err)
+        assert "Traceback" not in err and len(err.strip().splitlines()) == 1, (what, err)
+        with pytest.raises(InputError, match=path.name):
+            load_image(path, 64)
 
 
 def test_images_are_refused_by_a_text_file(tmp_path, drawn_images) -> None:

@@ -42,8 +42,8 @@ def classify(pte_path: str | Path, processor_dir: str | Path, image: str | Path,
         VerificationError: the file does not load or fails in the ExecuTorch runtime.
     """
     import torch
-    from PIL import Image, UnidentifiedImageError
 
+    from hub_export.media.images import open_image
     from hub_export.runtime.pte import PteModel
     from hub_export.tasks.image_classification.export import (  # torch and ExecuTorch: loaded when a file is run
         image_processor,
@@ -56,14 +56,9 @@ def classify(pte_path: str | Path, processor_dir: str | Path, image: str | Path,
     model = PteModel(pte_path)
     if "get_num_labels" not in model.metadata:
         raise InputError(f"{Path(pte_path).name} is not an image-classification file (it has no get_num_labels)")
-    try:
-        with Image.open(image) as opened:
-            picture = opened.convert("RGB")
-    except (OSError, UnidentifiedImageError, ValueError, Image.DecompressionBombError) as error:
-        raise InputError(
-            f"cannot read the image {Path(image).name} ({type(error).__name__}); give a PNG or JPEG file"
-        ) from None
-    pixels = image_processor(folder)(images=picture, return_tensors="pt")["pixel_values"].float()
+    processor = image_processor(folder)
+    picture = open_image(image, size=_side(processor))
+    pixels = processor(images=picture, return_tensors="pt")["pixel_values"].float()
     started = time.perf_counter()
     scores = model.run([pixels])[0]
     seconds = time.perf_counter() - started
@@ -76,3 +71,15 @@ def classify(pte_path: str | Path, processor_dir: str | Path, image: str | Path,
         ],
         seconds,
     )
+
+
+def _side(processor) -> int | None:
+    """The largest side the image processor resizes to (its ``size`` or ``crop_size``), or None when it says none."""
+    sides = [
+        value
+        for setting in (getattr(processor, "size", None), getattr(processor, "crop_size", None))
+        if isinstance(setting, dict)
+        for value in setting.values()
+        if isinstance(value, int)
+    ]
+    return max(sides) if sides else None

@@ -21,28 +21,14 @@ def load_custom_ops() -> None:
 
 
 def read_audio(path: str | Path) -> torch.Tensor:
-    """A sound file (wav, flac, ogg, mp3: what libsndfile reads) as mono float32 samples at 16 kHz.
+    """A short sound file (wav, flac, ogg, mp3) whole, as mono float32 samples at 16 kHz.
 
     Raises:
-        InputError: the file cannot be read as audio.
+        InputError: as :class:`hub_export.media.audio.AudioReader`.
     """
-    import numpy as np
-    import soundfile
-    from scipy.signal import resample_poly
+    from hub_export.media import audio  # numpy, soundfile and soxr: loaded when audio is read
 
-    path = Path(path)
-    try:
-        audio, rate = soundfile.read(path, dtype="float32", always_2d=True)
-    except (soundfile.LibsndfileError, RuntimeError, OSError, ValueError) as error:
-        raise InputError(
-            f"cannot read {path.name} as audio ({type(error).__name__}); give a wav, flac, ogg or mp3 file"
-        ) from None
-    if audio.size == 0:
-        raise InputError(f"{path.name} holds no audio samples")
-    mono = audio.mean(axis=1)
-    if rate != SAMPLE_RATE:
-        mono = resample_poly(mono, SAMPLE_RATE, rate)
-    return torch.from_numpy(np.ascontiguousarray(mono, dtype=np.float32))
+    return torch.from_numpy(audio.read_audio(path, SAMPLE_RATE))
 
 
 def words(text: str) -> list[str]:

@@ -8,7 +8,7 @@ from pathlib import Path
 
 import torch
 
-from hub_export.errors import InputError, first_line
+from hub_export.errors import InputError
 from hub_export.tasks.text_generation.chat import render_chat_messages
 from hub_export.tasks.vision_language.model import (
     MAX_IMAGES,
@@ -61,25 +61,14 @@ def load_image(path_or_image, size: int) -> torch.Tensor:
     """An image file (or PIL image) as the file's input: RGB, resized to ``size`` x ``size``, uint8 ``[1, 3, s, s]``.
 
     Raises:
-        InputError: the file is missing, is not an image, or is animated (video is not supported).
+        InputError: as :func:`hub_export.media.images.open_image` (missing, not an image, animated, too large).
     """
     import numpy as np
-    from PIL import Image, UnidentifiedImageError
+    from PIL import Image
 
-    image = path_or_image
-    if not isinstance(image, Image.Image):
-        path = Path(path_or_image)
-        if not path.is_file():
-            raise InputError(f"no image at {path}; pass a PNG, JPEG or WebP file")
-        try:
-            image = Image.open(path)
-            image.load()
-        except (UnidentifiedImageError, OSError, ValueError) as error:
-            raise InputError(f"{path.name} is not an image this can read ({first_line(error)[:80]}); pass a PNG, "
-                             "JPEG or WebP file") from None  # fmt: skip
-        if getattr(image, "n_frames", 1) > 1:
-            raise InputError(f"{path.name} has {image.n_frames} frames: video input is not supported; pass one still "
-                             "image per --image")  # fmt: skip
+    from hub_export.media.images import open_image  # Pillow: loaded when an image is read
+
+    image = path_or_image if isinstance(path_or_image, Image.Image) else open_image(path_or_image, size)
     resized = image.convert("RGB").resize((size, size), Image.Resampling.BICUBIC)
     return torch.from_numpy(np.asarray(resized).copy()).permute(2, 0, 1).unsqueeze(0).contiguous()
 
