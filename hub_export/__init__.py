@@ -45,7 +45,7 @@ from hub_export.tasks.archs import FAMILIES
 from hub_export.tasks.fill_mask.run import FillMaskResult, fill_mask
 from hub_export.tasks.image_classification.run import ClassifyResult, classify
 from hub_export.tasks.sentence_embeddings.run import EmbedResult, embed
-from hub_export.tasks.speech.run import TranscriptionResult, transcribe
+from hub_export.tasks.speech.run import TranscribedWindow, TranscriptionResult, stream_transcribe, transcribe
 from hub_export.tasks.text_generation.run import (
     GenerationResponse,
     GenerationResult,
@@ -73,6 +73,8 @@ __all__ = [
     "ClassifyResult",
     "transcribe",
     "TranscriptionResult",
+    "stream_transcribe",
+    "TranscribedWindow",
     "prepare_pte_process",
     "GenerationResponse",
     "Sampling",

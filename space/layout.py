@@ -183,9 +183,13 @@ def preview_tab() -> dict[str, Any]:
             image_mode=None,  # the path as uploaded: Gradio decodes nothing (an animated GIF's frames included)
             sources=["upload"],
             height=180,
+            elem_id="preview-image",
         )
         ui["audio"] = gr.Audio(
-            label="Recording (for a speech-recognition repo)", type="filepath", sources=["microphone", "upload"]
+            label="Recording (for a speech-recognition repo)",
+            type="filepath",
+            sources=["upload", "microphone"],  # upload first: a server or desktop often has no microphone
+            elem_id="preview-audio",
         )
     with gr.Row(equal_height=True):
         ui["chat"] = gr.Checkbox(

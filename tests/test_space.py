@@ -583,3 +583,69 @@ def test_browser_page_is_accessible_and_fits_a_phone(space: Space, artifacts: Pa
             page.screenshot(path=str(artifacts / "space-400px-preview-tab.png"), full_page=True)
         finally:
             browser.close()
+
+
+SPEECH_REPO = "alice/tiny-whisper-space"
+VIT_REPO = "alice/tiny-vit-space"
+
+
+@pytest.fixture(scope="module")
+def media_repos(exported_whisper: Path, exported_vit: Path, local_hub: LocalHubFixture) -> None:
+    from hub_export import push
+
+    for folder, repo_id in ((exported_whisper, SPEECH_REPO), (exported_vit, VIT_REPO)):
+        push(from_dir=str(folder), repo_id=repo_id, token=local_hub.alice_token, endpoint=local_hub.endpoint)
+
+
+def test_browser_speech_preview_transcribes_a_recording(
+    space: Space, media_repos, spoken: Path, local_hub: LocalHubFixture, artifacts: Path
+) -> None:
+    if not CHROMIUM.exists():
+        pytest.skip("/usr/bin/chromium is missing: install Debian's chromium package to run the browser test")
+    from playwright.sync_api import expect, sync_playwright
+
+    from hub_export import pull, transcribe
+
+    with sync_playwright() as playwright:
+        browser = playwright.chromium.launch(executable_path=str(CHROMIUM), args=CHROMIUM_ARGS)
+        try:
+            page = browser.new_page(viewport={"width": 1280, "height": 1400})
+            page.goto(space.url)
+            page.get_by_role("tab", name="Preview").click()
+            page.get_by_label("Repo", exact=True).fill(SPEECH_REPO)
+            variant = page.get_by_role("combobox", name="Variant")
+            variant.fill("8da8w")
+            variant.press("Enter")
+            page.locator("#preview-audio input[type=file]").set_input_files(str(spoken))
+            page.get_by_label("Hugging Face token").fill(local_hub.alice_token)
+            page.get_by_role("button", name="Generate").click()
+            expect(page.locator("#preview-stats")).to_contain_text("real-time factor", timeout=300_000)
+            shown = page.locator("#preview-text textarea").input_value()
+            page.screenshot(path=str(artifacts / "space-speech-preview.png"), full_page=True)
+        finally:
+            browser.close()
+    folder = pull(SPEECH_REPO, variant="8da8w", endpoint=local_hub.endpoint, token=local_hub.alice_token)
+    assert shown == transcribe(folder / "model-8da8w-emb8w.pte", folder, spoken).text and shown
+
+
+def test_hostile_uploads_are_one_line_with_no_traceback_in_the_log(
+    client, media_repos, local_hub: LocalHubFixture, tmp_path: Path, caplog: pytest.LogCaptureFixture
+) -> None:
+    from gradio_client import handle_file
+    from hostile_media import audio_corpus, image_corpus
+
+    images = image_corpus(tmp_path / "images")
+    recordings = audio_corpus(tmp_path / "audio")
+    cases = [
+        (VIT_REPO, "image", images[what])
+        for what in ("PNG bomb", "GIF bomb", "animated GIF", "truncated PNG", "SVG", "179-megapixel 16-bit PNG")
+    ]
+    cases += [(SPEECH_REPO, "audio", recordings[what]) for what in ("1 Hz", "all NaN", "FLAC claiming 2^36 samples",
+                                                                    "garbage mp3")]  # fmt: skip
+    for repo_id, field, path in cases:
+        with pytest.raises(AppError) as failure:
+            client.predict(repo_id=repo_id, prompt="", max_new_tokens=4, token=local_hub.alice_token,
+                           api_name="/preview", **{field: handle_file(str(path))})  # fmt: skip
+        _one_line(str(failure.value))
+        assert path.name in str(failure.value), (path.name, str(failure.value))
+    assert "Traceback" not in caplog.text
