@@ -236,7 +236,14 @@ class ExportOptions:
         None,
         "--base-model",
         help="Hub id (ORG/NAME) of the model a local or GGUF source is a copy of: the card links it, sets base_model "
-        "and inherits its license and language.",
+        "and inherits its license and language. For a LoRA adapter source: the base to merge it into, over the one "
+        "its adapter_config.json names.",
+    )
+    adapter: str | None = _option(
+        None,
+        "--adapter",
+        help="A PEFT LoRA adapter (folder or Hub id) to merge into SOURCE before exporting; an adapter given as "
+        "SOURCE is merged into the base its config names.",
     )
     license: str | None = _option(
         None,

@@ -93,7 +93,8 @@ def card_metadata(manifest: Manifest, source_card_data: Mapping[str, Any] | None
     base = base_model(manifest)
     if base:
         data["base_model"] = base
-        data["base_model_relation"] = "quantized"
+        # A merged LoRA adapter changed the base's weights: the files are a fine-tune of it (quantized).
+        data["base_model_relation"] = "finetune" if isinstance(source.get("adapter"), Mapping) else "quantized"
     data["library_name"] = "executorch"
     data["pipeline_tag"] = task_of(manifest).pipeline_tag
     data.update(_terms(source, source_card_data if source_card_data is not None else source.get("card_data")))
@@ -330,6 +331,27 @@ def _gguf_view(gguf: Any) -> dict[str, str] | None:
     return {"file": gguf["file"], "quantization": str(gguf.get("quantization") or "unknown")}
 
 
+def _adapter_view(adapter: Any, endpoint: str | None) -> dict[str, Any] | None:
+    """A merged LoRA adapter as the card states it (a manifest is untrusted: only well-typed values pass)."""
+    if not isinstance(adapter, Mapping) or not isinstance(adapter.get("id"), str):
+        return None
+    local = adapter.get("revision") is None
+    merge = adapter.get("merge") if isinstance(adapter.get("merge"), Mapping) else {}
+    number = lambda value: value if isinstance(value, (int, float)) and not isinstance(value, bool) else None  # noqa: E731
+    targets = adapter.get("target_modules")
+    return {
+        "id": adapter["id"],
+        "url": None if local else f"{(endpoint or _default_endpoint()).rstrip('/')}/{adapter['id']}",
+        "rank": number(adapter.get("r")),
+        "alpha": number(adapter.get("lora_alpha")),
+        "targets": ", ".join(t for t in targets if isinstance(t, str)) if isinstance(targets, list) else "",
+        "dora": adapter.get("use_dora") is True,
+        "rslora": adapter.get("use_rslora") is True,
+        "max_logit_diff": number(merge.get("max_logit_diff_vs_peft")),
+        "top1_changed": number(merge.get("top1_changed_vs_base")),
+    }
+
+
 def card_context(
     manifest: Manifest,
     source_card_data: Mapping[str, Any] | None = None,
@@ -357,6 +379,7 @@ def card_context(
         "architecture": source.get("architecture") or "",
         "num_parameters": source.get("num_parameters"),
         "gguf": _gguf_view(source.get("gguf")),
+        "adapter": _adapter_view(source.get("adapter"), endpoint),
         "quality_text": _quality_text(manifest.variants),
         "chat": bool(source.get("chat_template")),
         "task": task_of(manifest).name,

@@ -299,7 +299,12 @@ def _already_built(remote: Manifest, source: str | None, options: ExportOptions,
     contents), with the same options, by the same versions of hub-export, torch,
     executorch, torchao and transformers, and verified. Any doubt means rebuild.
     """
-    if source is None or remote.versions != package_versions() or not remote.source.get("fingerprint"):
+    if (
+        source is None
+        or options.adapter
+        or remote.versions != package_versions()
+        or not remote.source.get("fingerprint")
+    ):
         return []
     declared = {key: remote.source.get(key) for key in ("base_model", "license", "model_name")}
     wanted_declared = source_card_module.declared_source(options.base_model, options.license, options.model_name)

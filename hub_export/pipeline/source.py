@@ -16,6 +16,7 @@ from pathlib import Path
 
 from hub_export.errors import InputError, SourceError, opt
 from hub_export.hub.api import hub_errors, resolve_endpoint
+from hub_export.pipeline import adapter as adapter_stage
 from hub_export.pipeline import gguf_source
 from hub_export.pipeline.manifest import sha256_file
 from hub_export.tasks.registry import task_for
@@ -58,6 +59,7 @@ class Source:
     is_local: bool
     config: dict = field(default_factory=dict)
     gguf: dict | None = None  # the GGUF the weights came from (file, sha256, quantization), if any
+    adapter: dict | None = None  # the LoRA adapter merged into the base, and what the merge measured
 
     @property
     def model_type(self) -> str:
@@ -154,8 +156,15 @@ def resolve(
     precheck=None,
     gguf_file: str | None = None,
     say=None,
+    adapter: str | None = None,
+    base_model: str | None = None,
 ) -> Source:
     """Resolve ``source`` (a local folder or a Hub repo id) into a checked :class:`Source`.
+
+    A PEFT LoRA adapter (a folder or repo with ``adapter_config.json`` and no ``config.json``)
+    is merged into its base (``base_model``, else the one its config names) and the merged
+    folder is the source; ``adapter`` merges that adapter into ``source`` instead
+    (:mod:`hub_export.pipeline.adapter`).
 
     ``precheck(config_dict)`` runs on the config before any weight is downloaded.
     ``gguf_file`` names a ``.gguf`` checkpoint in the folder or repo to read instead of
@@ -168,6 +177,9 @@ def resolve(
         'llama'
     """
     local = Path(source).expanduser()
+    if adapter is not None or _is_adapter(source, local, revision, token, endpoint):
+        reach = _Reach(revision, token, endpoint, cache_dir, trust_remote_code, precheck, say)
+        return _resolve_adapter(source, adapter, base_model, reach)
     if local.is_file() and local.suffix == ".gguf" and gguf_file in (None, local.name):
         local, gguf_file = local.parent, local.name
     if gguf_file is not None:
@@ -222,7 +234,10 @@ def _folder_digest(folder: Path) -> str:
 
 
 def fingerprint(src: Source) -> str:
-    """What identifies the exact weights an export read: a Hub commit, a GGUF's sha256 or a folder's contents."""
+    """What identifies the exact weights an export read: a Hub commit, a GGUF's sha256 or a folder's contents
+    (for a merged adapter, the merged folder's: the adapter's bytes and its base's)."""
+    if src.adapter:
+        return f"files:{_folder_digest(src.path)}"
     if not src.is_local:
         return f"hub:{src.name}@{src.revision}" + (f":{src.gguf['file']}" if src.gguf else "")
     if src.gguf:
@@ -233,9 +248,12 @@ def fingerprint(src: Source) -> str:
 def peek_fingerprint(
     source: str, gguf_file: str | None, revision: str | None, token: str | None, endpoint: str | None
 ) -> str | None:
-    """:func:`fingerprint` of ``source`` without downloading or converting it (``None`` if it cannot tell)."""
+    """:func:`fingerprint` of ``source`` without downloading or converting it (``None`` if it cannot tell: an
+    adapter's depends on its base, known only once resolved)."""
 
     local = Path(source).expanduser()
+    if local.is_dir() and adapter_stage.is_adapter_folder(local):
+        return None
     if local.is_file() and local.suffix == ".gguf":
         return f"gguf:{sha256_file(local)}"
     if local.is_dir():
@@ -246,6 +264,8 @@ def peek_fingerprint(
     try:
         info = _model_info(source, revision, token, endpoint)
     except SourceError:
+        return None
+    if adapter_stage.ADAPTER_CONFIG in {s.rfilename for s in info.siblings or []}:
         return None
     return f"hub:{source}@{info.sha}" + (f":{gguf_file}" if gguf_file else "")
 
@@ -290,3 +310,76 @@ def _resolve_gguf(source, local: Path, gguf_file, revision, token, endpoint, cac
     if precheck is not None:
         precheck(config)
     return Source(folder, name, sha, is_local, config, gguf=record)
+
+
+def is_adapter(source: str, revision: str | None = None, token: str | None = None, endpoint: str | None = None) -> bool:
+    """Whether ``source`` (a folder or Hub id) is a PEFT adapter rather than a model."""
+    return _is_adapter(source, Path(source).expanduser(), revision, token, endpoint)
+
+
+def _is_adapter(source: str, local: Path, revision, token, endpoint) -> bool:
+    if local.is_dir():
+        return adapter_stage.is_adapter_folder(local)
+    if local.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
+        return False
+    names = {s.rfilename for s in _model_info(source, revision, token, endpoint).siblings or []}
+    return adapter_stage.ADAPTER_CONFIG in names and "config.json" not in names
+
+
+def _fetch_adapter(source: str, revision, token, endpoint, cache_dir) -> adapter_stage.Adapter:
+    local = Path(source).expanduser()
+    if local.is_dir():
+        if not (local / adapter_stage.ADAPTER_CONFIG).is_file():
+            raise InputError(f"{local.name} has no {adapter_stage.ADAPTER_CONFIG}; is it a PEFT adapter?")
+        return adapter_stage.read_adapter(local.resolve(), local.name)
+    if local.exists() or source.startswith((".", "/", "~")) or source.count("/") != 1:
+        raise InputError(f"adapter {source!r} is neither an existing folder nor a Hub repo id like org/name")
+    info = _model_info(source, revision, token, endpoint)
+    names = [s.rfilename for s in info.siblings or []]
+    if adapter_stage.ADAPTER_CONFIG not in names:
+        raise SourceError(f"{source} has no {adapter_stage.ADAPTER_CONFIG}; is it a PEFT adapter?")
+    wanted = [adapter_stage.ADAPTER_CONFIG, adapter_stage.ADAPTER_WEIGHTS, CARD_FILE, *TOKENIZER_FILES]
+    folder = _download(source, info.sha, [n for n in names if n in wanted], token, endpoint, cache_dir)
+    return adapter_stage.read_adapter(folder, source, info.sha)
+
+
+@dataclass(frozen=True)
+class _Reach:
+    """How an adapter's base is fetched: the arguments of :func:`resolve` it passes on."""
+
+    revision: str | None
+    token: str | None
+    endpoint: str | None
+    cache_dir: str | os.PathLike | None
+    trust_remote_code: bool
+    precheck: object
+    say: object
+
+
+def _resolve_adapter(source: str, adapter: str | None, base_model: str | None, reach: _Reach) -> Source:
+    """An adapter (``source``, or ``adapter`` beside a base ``source``) merged into its base, as a local Source."""
+    revision, token, endpoint, cache_dir = reach.revision, reach.token, reach.endpoint, reach.cache_dir
+    if adapter is not None:  # the base is the source; the revision is the base's
+        lora, base = _fetch_adapter(adapter, None, token, endpoint, cache_dir), source
+    else:
+        lora = _fetch_adapter(source, revision, token, endpoint, cache_dir)
+        base, revision = base_model or lora.base, None
+        if not base:
+            raise InputError(f"{lora.name} does not name its base model; pass it: hub-export export BASE "
+                             f"{opt('adapter')} {source}")  # fmt: skip
+        if not Path(base).expanduser().is_dir() and (base.startswith((".", "/", "~")) or base.count("/") != 1):
+            raise InputError(f"{lora.name}'s base {base!r} is not here; pass the base: hub-export export BASE "
+                             f"{opt('adapter')} {source}")  # fmt: skip
+    base_src = resolve(base, revision=revision, token=token, endpoint=endpoint,
+                       trust_remote_code=reach.trust_remote_code, allow_pickle=False, cache_dir=cache_dir,
+                       precheck=reach.precheck, say=reach.say)  # fmt: skip
+    if base_src.adapter is not None or base_src.gguf is not None:
+        raise InputError(f"the base of {lora.name} must be a safetensors model; {base_src.name} is not")
+    adapter_stage.check_against_base(lora, base_src.path, base_src.name)
+    base_key = base_src.revision or _folder_digest(base_src.path)
+    folder, measured = adapter_stage.merged_folder(lora, base_src.path, base_key, gguf_source.cache_root().parent
+                                                   / "adapters", reach.say)  # fmt: skip
+    record = {**lora.record(), "base": base_src.name, "base_revision": base_src.revision,
+              "base_local": base_src.is_local, "merge": measured}  # fmt: skip
+    return Source(folder, lora.name, lora.revision, lora.revision is None, _read_config(folder, lora.name),
+                  adapter=record)  # fmt: skip
