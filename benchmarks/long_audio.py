@@ -70,7 +70,8 @@ def run(export_dir: Path, audio: Path) -> dict:
     out, err = WORK / "stdout.txt", WORK / "stderr.txt"
     started = time.perf_counter()
     with out.open("w") as stdout, err.open("w") as stderr:
-        process = subprocess.Popen(command, stdout=stdout, stderr=stderr)
+        env = {**os.environ, "COLUMNS": "250"}  # the summary line stays one line
+        process = subprocess.Popen(command, stdout=stdout, stderr=stderr, env=env)
         _, status, usage = os.wait4(process.pid, 0)  # the child's own peak, as the kernel counted it
         process.returncode = os.waitstatus_to_exitcode(status)
     wall = time.perf_counter() - started
