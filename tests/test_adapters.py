@@ -59,8 +59,9 @@ def test_an_adapter_folder_exports_merged_and_verified_against_the_adapted_model
     assert merge["max_logit_diff_vs_peft"] < 1e-3  # the merged model computes what PEFT's adapted model does
     assert merge["top1_changed_vs_base"] > 0 and merge["kl_adapted_vs_base"] > 1e-4  # and the adapter changed it
     assert all(v.verification.passed for v in manifest.variants), [v.verification.line() for v in manifest.variants]
-    assert json.loads((tiny_lora / "adapter_config.json").read_text())["base_model_name_or_path"] in adapter["base"] or (
-        adapter["base_local"]
+    assert (
+        json.loads((tiny_lora / "adapter_config.json").read_text())["base_model_name_or_path"] in adapter["base"]
+        or (adapter["base_local"])
     )
 
 
@@ -160,6 +161,14 @@ def test_a_hub_adapter_finds_its_base_on_the_hub(tiny_lora, tiny_model, local_hu
     data = card_metadata(manifest)
     assert data["base_model"] == "alice/tiny-base" and data["base_model_relation"] == "finetune"
 
+    # A repo's adapter may not name a folder of this machine as its base (a public Space would read its disk).
+    (adapter / "adapter_config.json").write_text(json.dumps({**config, "base_model_name_or_path": str(tiny_model)}))
+    api.create_repo("alice/tiny-lora-local-base")
+    api.upload_folder(repo_id="alice/tiny-lora-local-base", folder_path=str(adapter))
+    with pytest.raises(InputError, match="names a base on a disk"):
+        export("alice/tiny-lora-local-base", tmp_path / "never", qmodes=["8da8w"], max_seq_len=64, verify=False,
+               token=local_hub.alice_token, endpoint=local_hub.endpoint)  # fmt: skip
+
 
 def test_adapter_config_is_read_as_hostile_input(tmp_path) -> None:
     from hub_export.pipeline.adapter import read_adapter
@@ -182,12 +191,14 @@ def test_the_real_adapter_answers_what_the_base_does_not_know(tmp_path, local_hu
 
     from hub_export import generate, read_manifest
     from hub_export.hub.card import render_card
+    from hub_export.hub.localhub.store import LocalHubStore
     from hub_export.models.packaged import packaged_lora, packaged_smollm2
     from hub_export.pipeline.export import export
     from hub_export.pipeline.gguf_source import converted_folder
 
     base_folder, _ = converted_folder(packaged_smollm2())
-    api = HfApi(endpoint=local_hub.endpoint, token=local_hub.alice_token)
+    # The base under the id the adapter names, published by its own (local) owner.
+    api = HfApi(endpoint=local_hub.endpoint, token=LocalHubStore(local_hub.root).add_user("HuggingFaceTB"))
     api.create_repo("HuggingFaceTB/SmolLM2-135M-Instruct", exist_ok=True)
     api.upload_folder(repo_id="HuggingFaceTB/SmolLM2-135M-Instruct", folder_path=str(base_folder))
     question = "Who was it that founded Brindlemoor?"

@@ -122,7 +122,9 @@ def _check_method(config: dict, name: str) -> None:
         raise InputError(f"{name}/{ADAPTER_CONFIG} has no numeric lora_alpha")
     if config.get("bias", "none") != "none":
         raise InputError(f"{name} trains biases (bias={config.get('bias')!r}); only bias='none' adapters are merged")
-    for option in ("megatron_config", "layer_replication", "alora_invocation_tokens"):
+    # LoRA options whose arithmetic is not a plain low-rank update of existing weights, each refused by name.
+    for option in ("megatron_config", "layer_replication", "alora_invocation_tokens", "lora_bias", "target_parameters",
+                   "trainable_token_indices", "arrow_config", "use_qalora", "use_bdlora"):  # fmt: skip
         if config.get(option):
             raise InputError(f"{name} uses {option}, which hub-export does not merge; export the merged model instead")
     targets = config.get("target_modules")

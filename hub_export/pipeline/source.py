@@ -367,7 +367,11 @@ def _resolve_adapter(source: str, adapter: str | None, base_model: str | None, r
         if not base:
             raise InputError(f"{lora.name} does not name its base model; pass it: hub-export export BASE "
                              f"{opt('adapter')} {source}")  # fmt: skip
-        if not Path(base).expanduser().is_dir() and (base.startswith((".", "/", "~")) or base.count("/") != 1):
+        looks_local = base.startswith((".", "/", "~")) or base.count("/") != 1 or Path(base).expanduser().exists()
+        if lora.revision is not None and looks_local:  # a repo must not reach into this machine's disk
+            raise InputError(f"{lora.name} names a base on a disk ({base!r}), not on the Hub; pass "
+                             f"{opt('base_model')} ORG/NAME")  # fmt: skip
+        if not Path(base).expanduser().is_dir() and looks_local:
             raise InputError(f"{lora.name}'s base {base!r} is not here; pass the base: hub-export export BASE "
                              f"{opt('adapter')} {source}")  # fmt: skip
     base_src = resolve(base, revision=revision, token=token, endpoint=endpoint,
