@@ -37,7 +37,11 @@ def make_lora(base: Path, out: Path, targets=("q_proj", "v_proj"), seed: int = 0
 
 @pytest.fixture(scope="module")
 def tiny_lora(tiny_model, tmp_path_factory) -> Path:
-    return make_lora(tiny_model, tmp_path_factory.mktemp("adapters") / "tiny-lora")
+    folder = make_lora(tiny_model, tmp_path_factory.mktemp("adapters") / "tiny-lora")
+    (folder / "README.md").write_text(
+        "---\nlicense: mit\n---\n# Tiny LoRA\n\nTeaches the tiny model\nnothing useful.\n"
+    )
+    return folder
 
 
 @pytest.fixture(scope="module")
@@ -96,6 +100,7 @@ def test_adapter_beside_a_base_source_and_the_card(tiny_lora, tiny_model, tmp_pa
     assert manifest.source["adapter"]["id"] == "tiny-lora"
     body = render_card(manifest)
     assert "LoRA adapter `tiny-lora`" in body and "rank 4" in body and "merged by PEFT" in body
+    assert "From the adapter's own card: Teaches the tiny model nothing useful." in body
     assert "base_model" not in card_metadata(manifest)  # a local base has no Hub id to name
 
 

@@ -71,7 +71,23 @@ class Adapter:
             **{key: self.config.get(key) for key in keys if self.config.get(key) not in (None, False)},
             "target_modules": list(self.targets),
             "sha256": hashlib.sha256((self.path / ADAPTER_WEIGHTS).read_bytes()).hexdigest(),
+            **({"summary": summary} if (summary := card_summary(self.path / "README.md")) else {}),
         }
+
+
+def card_summary(path: Path, limit: int = 400) -> str | None:
+    """The first paragraph of an adapter's own card, as plain text (its front matter and headings left out)."""
+    if not path.is_file():
+        return None
+    text = path.read_bytes()[:65536].decode("utf-8", errors="replace")
+    if text.startswith("---"):
+        text = text.split("\n---", 2)[-1] if text.count("\n---") >= 1 else ""
+    paragraphs = [" ".join(block.split()) for block in re.split(r"\n\s*\n", text)]
+    first = next((p for p in paragraphs if p and not p.startswith(("#", "<", "!", "|", "```"))), None)
+    if first is None:
+        return None
+    first = "".join(ch for ch in first if ch.isprintable())
+    return first if len(first) <= limit else first[: limit - 1].rsplit(" ", 1)[0] + "…"
 
 
 def is_adapter_folder(folder: Path) -> bool:
