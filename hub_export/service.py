@@ -487,10 +487,9 @@ def _preview_transcribe(request: PreviewRequest, files: Path, pte: str, emit: Em
         windows.append(window)
         emit(("text", (" " if len(windows) > 1 and window.text else "") + window.text))
         emit(("stage", f"transcribing with {pte}: {clock(window.end)} of {clock(window.audio_seconds)}"))
-    for note in windows[-1].notes:
+    stopped = [f"the first {request.max_audio_seconds:g} s are transcribed here"] if windows[-1].stopped_early else []
+    for note in [*windows[-1].notes, *stopped]:
         emit(("text", f"\n({note})"))
-    if windows[-1].stopped_early:
-        emit(("text", f"\n(the first {request.max_audio_seconds:g} s are transcribed here)"))
     return TranscriptionResult.from_windows(windows)
 
 

@@ -103,6 +103,25 @@ def test_transcribe_cli_and_its_refusals(exported_whisper, spoken, tmp_path, cap
     assert code == 2 and "cannot read notes.wav as audio" in error_line(err)
 
 
+def test_transcribe_streams_windows_and_stops_at_max_seconds(exported_whisper, spoken, tmp_path, capsys) -> None:
+    import numpy as np
+    import soundfile
+
+    from hub_export import stream_transcribe
+
+    audio, rate = soundfile.read(spoken, dtype="float32")
+    long = tmp_path / "long.flac"
+    soundfile.write(long, np.concatenate([audio, np.zeros((rate * 60, 2), np.float32), audio]), rate)
+    windows = list(stream_transcribe(exported_whisper / "model-8da8w-emb8w.pte", exported_whisper, long))
+    assert [w.start for w in windows] == [0.0, 30.0, 60.0] and windows[-1].last and not windows[0].last
+    assert windows[-1].end == pytest.approx(60 + 2 * audio.shape[0] / rate, abs=0.01)
+    code, out, err = run_cli(["transcribe", str(exported_whisper), str(long), "--variant", "8da8w",
+                              "--max-seconds", "1.5"], capsys)  # fmt: skip
+    assert code == 0 and "stopped after --max-seconds 1.5" in err and "1.5 s of audio" in err, err
+    code, _, err = run_cli(["transcribe", str(exported_whisper), str(long), "--max-seconds", "0"], capsys)
+    assert code == 2 and "--max-seconds must be above 0" in error_line(err)
+
+
 def test_the_speech_card(exported_whisper) -> None:
     from huggingface_hub import ModelCard
 

@@ -214,8 +214,11 @@ def _shapes(files: list[Path]) -> dict[str, list[int]]:
     return shapes
 
 
-def merged_folder(adapter: Adapter, base_folder: Path, base_key: str, cache: Path, say=None) -> tuple[Path, dict]:
-    """``adapter`` merged into the fp32 base in ``base_folder``, as a model folder kept in ``cache``.
+def merged_folder(
+    adapter: Adapter, base_folder: Path, base_key: str, cache: Path, companions: list[str], say=None
+) -> tuple[Path, dict]:
+    """``adapter`` merged into the fp32 base in ``base_folder``, as a model folder kept in ``cache``, with the
+    ``companions`` files (the tokenizer's) of the adapter, else of the base.
 
     ``base_key`` identifies the base's bytes (a Hub commit or a folder digest): the merge is
     reused when the same adapter meets the same base. Returns the folder and what the merge
@@ -232,7 +235,7 @@ def merged_folder(adapter: Adapter, base_folder: Path, base_key: str, cache: Pat
     staging = Path(tempfile.mkdtemp(prefix=f".{digest}.partial-", dir=cache))
     try:
         measured = _merge(adapter, base_folder, staging)
-        _copy_companions(adapter.path, base_folder, staging)
+        _copy_companions(adapter.path, base_folder, staging, companions)
         (staging / "merge.json").write_text(json.dumps(measured, indent=2) + "\n")
         shutil.rmtree(target, ignore_errors=True)
         staging.rename(target)
@@ -271,11 +274,9 @@ def _merge(adapter: Adapter, base_folder: Path, out: Path) -> dict:
     }
 
 
-def _copy_companions(adapter_folder: Path, base_folder: Path, out: Path) -> None:
+def _copy_companions(adapter_folder: Path, base_folder: Path, out: Path, companions: list[str]) -> None:
     """The tokenizer (the adapter's own when it has one), generation config and the adapter's card."""
-    from hub_export.pipeline.source import TOKENIZER_FILES
-
-    for name in [*TOKENIZER_FILES, "generation_config.json"]:
+    for name in [*companions, "generation_config.json"]:
         for folder in (adapter_folder, base_folder):
             if (folder / name).is_file():
                 shutil.copyfile(folder / name, out / name)

@@ -16,7 +16,7 @@ from collections.abc import Callable
 from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
-from hub_export.errors import InputError, opt
+from hub_export.errors import InputError, SourceError, opt
 from hub_export.hub.source_card import declared_source as checked
 from hub_export.options import DEFAULT_QUALITY_TOKENS, ExportOptions, options_with, variant_filename
 from hub_export.pipeline import quantize
@@ -33,7 +33,9 @@ log = logging.getLogger(__name__)
 Progress = Callable[[str], None]
 
 
-def _declared_source(source: str, options: ExportOptions, token: str | None, endpoint: str | None) -> dict[str, str]:
+def _declared_source(
+    source: str, options: ExportOptions, token: str | None = None, endpoint: str | None = None
+) -> dict[str, str]:
     """The checked ``--base-model``/``--license``/``--model-name`` of an export, for its source record.
 
     ``--base-model`` is for what hub-export cannot identify (a local folder, a GGUF file):
@@ -58,7 +60,10 @@ def _declared_source(source: str, options: ExportOptions, token: str | None, end
 def _is_hub_adapter(source: str, options: ExportOptions, token: str | None, endpoint: str | None) -> bool:
     from hub_export.pipeline.source import is_adapter  # a Hub call: made only when --base-model needs it
 
-    return is_adapter(source, options.revision, token, endpoint)
+    try:
+        return is_adapter(source, options.revision, token, endpoint)
+    except SourceError:  # a Hub out of reach cannot tell; the refusal below stands
+        return False
 
 
 def _adapter_base(record: dict) -> dict[str, str]:

@@ -144,6 +144,19 @@ def check_companion(folder: Path, where: str, config: dict) -> None:
     )
 
 
+@dataclass(frozen=True)
+class _Reach:
+    """How an adapter's base is fetched: the arguments of :func:`resolve` it passes on."""
+
+    revision: str | None
+    token: str | None
+    endpoint: str | None
+    cache_dir: str | os.PathLike | None
+    trust_remote_code: bool
+    precheck: object
+    say: object
+
+
 def resolve(
     source: str,
     *,
@@ -197,17 +210,24 @@ def resolve(
     if source.startswith((".", "/", "~")) or source.count("/") > 1:
         raise InputError(f"{source!r} is neither an existing folder nor a Hub repo id like org/name")
 
-    info = _model_info(source, revision, token, endpoint)
+    reach = _Reach(revision, token, endpoint, cache_dir, trust_remote_code, precheck, say)
+    return _resolve_hub(source, allow_pickle, reach)
+
+
+def _resolve_hub(source: str, allow_pickle: bool, reach: _Reach) -> Source:
+    """A Hub repo's model: its config checked first, then only the files an export needs downloaded."""
+    token, endpoint, cache_dir = reach.token, reach.endpoint, reach.cache_dir
+    info = _model_info(source, reach.revision, token, endpoint)
     names = [s.rfilename for s in info.siblings or []]
     files = _select_files(names, allow_pickle, source)
     # Config first: refuse remote code and unsupported architectures before the weights.
     folder = _download(source, info.sha, ["config.json"], token, endpoint, cache_dir)
     config = _read_config(folder, source)
-    check_safety(config, source, trust_remote_code)
+    check_safety(config, source, reach.trust_remote_code)
     if task_for(config).companion not in names:
         check_companion(folder, source, config)
-    if precheck is not None:
-        precheck(config)
+    if reach.precheck is not None:
+        reach.precheck(config)
     folder = _download(source, info.sha, files, token, endpoint, cache_dir)
     return Source(folder, source, info.sha, False, config)
 
@@ -343,19 +363,6 @@ def _fetch_adapter(source: str, revision, token, endpoint, cache_dir) -> adapter
     return adapter_stage.read_adapter(folder, source, info.sha)
 
 
-@dataclass(frozen=True)
-class _Reach:
-    """How an adapter's base is fetched: the arguments of :func:`resolve` it passes on."""
-
-    revision: str | None
-    token: str | None
-    endpoint: str | None
-    cache_dir: str | os.PathLike | None
-    trust_remote_code: bool
-    precheck: object
-    say: object
-
-
 def _resolve_adapter(source: str, adapter: str | None, base_model: str | None, reach: _Reach) -> Source:
     """An adapter (``source``, or ``adapter`` beside a base ``source``) merged into its base, as a local Source."""
     revision, token, endpoint, cache_dir = reach.revision, reach.token, reach.endpoint, reach.cache_dir
@@ -381,8 +388,8 @@ def _resolve_adapter(source: str, adapter: str | None, base_model: str | None, r
         raise InputError(f"the base of {lora.name} must be a safetensors model; {base_src.name} is not")
     adapter_stage.check_against_base(lora, base_src.path, base_src.name)
     base_key = base_src.revision or _folder_digest(base_src.path)
-    folder, measured = adapter_stage.merged_folder(lora, base_src.path, base_key, gguf_source.cache_root().parent
-                                                   / "adapters", reach.say)  # fmt: skip
+    cache = gguf_source.cache_root().parent / "adapters"
+    folder, measured = adapter_stage.merged_folder(lora, base_src.path, base_key, cache, TOKENIZER_FILES, reach.say)
     record = {**lora.record(), "base": base_src.name, "base_revision": base_src.revision,
               "base_local": base_src.is_local, "merge": measured}  # fmt: skip
     return Source(folder, lora.name, lora.revision, lora.revision is None, _read_config(folder, lora.name),

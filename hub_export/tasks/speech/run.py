@@ -128,12 +128,7 @@ def stream_transcribe(
     )
     from hub_export.tasks.speech.export import SAMPLE_RATE, WINDOW_SAMPLES, generation_settings
 
-    folder = Path(folder)
-    for name in ("config.json", "tokenizer.json"):
-        if not (folder / name).is_file():
-            raise InputError(f"no {name} in {folder.name}/; pass the export folder")
-    if max_seconds is not None and not max_seconds > 0:
-        raise InputError(f"--max-seconds must be above 0 (got {max_seconds})", param="max_seconds")
+    folder = _checked(Path(folder), max_seconds)
     with AudioReader(audio, SAMPLE_RATE) as reader:
         file = SpeechFile(pte_path)
         settings = generation_settings(folder)
@@ -154,16 +149,17 @@ def stream_transcribe(
             tokens = greedy_tokens(file.encode, file.decode, features, prompt, settings, file.max_seq_len, timestamps)
             timed = segments(tokens, settings, text_of, window.start) if timestamps else []
             last = following is None
-            yield TranscribedWindow(
-                index,
-                window.start,
-                window.start + window.samples.size / SAMPLE_RATE,
-                text_of(tokens),
-                time.perf_counter() - started,
-                total,
-                timed,
-                last,
-                reader.notes() if last else [],
-                reader.stopped_early if last else False,
-            )
+            end, seconds = window.start + window.samples.size / SAMPLE_RATE, time.perf_counter() - started
+            yield TranscribedWindow(index, window.start, end, text_of(tokens), seconds, total, timed, last,
+                                    reader.notes() if last else [], reader.stopped_early if last else False)  # fmt: skip
             window, index = following, index + 1
+
+
+def _checked(folder: Path, max_seconds: float | None) -> Path:
+    """The export folder, with the files a transcription reads; ``max_seconds`` above 0 when given."""
+    for name in ("config.json", "tokenizer.json"):
+        if not (folder / name).is_file():
+            raise InputError(f"no {name} in {folder.name}/; pass the export folder")
+    if max_seconds is not None and not max_seconds > 0:
+        raise InputError(f"--max-seconds must be above 0 (got {max_seconds})", param="max_seconds")
+    return folder
