@@ -22,6 +22,7 @@ import re
 import shutil
 import tempfile
 from dataclasses import dataclass
+from functools import cached_property
 from pathlib import Path
 
 from hub_export.errors import InputError, SourceError, opt
@@ -61,6 +62,11 @@ class Adapter:
         targets = self.config.get("target_modules") or ()
         return (targets,) if isinstance(targets, str) else tuple(sorted(targets))  # PEFT writes a set's order
 
+    @cached_property
+    def sha256(self) -> str:
+        """Of the adapter's weights: what the merge cache and the manifest know it by (read once)."""
+        return hashlib.sha256((self.path / ADAPTER_WEIGHTS).read_bytes()).hexdigest()
+
     def record(self) -> dict:
         """What the manifest and the card say of the adapter."""
         keys = ("r", "lora_alpha", "use_rslora", "use_dora", "modules_to_save")
@@ -70,7 +76,7 @@ class Adapter:
             "base": self.base,
             **{key: self.config.get(key) for key in keys if self.config.get(key) not in (None, False)},
             "target_modules": list(self.targets),
-            "sha256": hashlib.sha256((self.path / ADAPTER_WEIGHTS).read_bytes()).hexdigest(),
+            "sha256": self.sha256,
             **({"summary": summary} if (summary := card_summary(self.path / "README.md")) else {}),
         }
 
@@ -224,7 +230,7 @@ def merged_folder(
     reused when the same adapter meets the same base. Returns the folder and what the merge
     measured (the merged model against PEFT's, the adapted model against the base).
     """
-    digest = hashlib.sha256((adapter.record()["sha256"] + json.dumps(adapter.config, sort_keys=True) + base_key)
+    digest = hashlib.sha256((adapter.sha256 + json.dumps(adapter.config, sort_keys=True) + base_key)
                             .encode()).hexdigest()[:32]  # fmt: skip
     target = cache / digest
     if (target / "merge.json").is_file():

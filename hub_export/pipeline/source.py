@@ -190,8 +190,8 @@ def resolve(
         'llama'
     """
     local = Path(source).expanduser()
-    if adapter is not None or _is_adapter(source, local, revision, token, endpoint):
-        reach = _Reach(revision, token, endpoint, cache_dir, trust_remote_code, precheck, say)
+    reach = _Reach(revision, token, endpoint, cache_dir, trust_remote_code, precheck, say)
+    if adapter is not None or (local.is_dir() and adapter_stage.is_adapter_folder(local)):
         return _resolve_adapter(source, adapter, base_model, reach)
     if local.is_file() and local.suffix == ".gguf" and gguf_file in (None, local.name):
         local, gguf_file = local.parent, local.name
@@ -210,15 +210,17 @@ def resolve(
     if source.startswith((".", "/", "~")) or source.count("/") > 1:
         raise InputError(f"{source!r} is neither an existing folder nor a Hub repo id like org/name")
 
-    reach = _Reach(revision, token, endpoint, cache_dir, trust_remote_code, precheck, say)
-    return _resolve_hub(source, allow_pickle, reach)
+    return _resolve_hub(source, allow_pickle, base_model, reach)
 
 
-def _resolve_hub(source: str, allow_pickle: bool, reach: _Reach) -> Source:
-    """A Hub repo's model: its config checked first, then only the files an export needs downloaded."""
+def _resolve_hub(source: str, allow_pickle: bool, base_model: str | None, reach: _Reach) -> Source:
+    """A Hub repo's model: its config checked first, then only the files an export needs downloaded (a repo that
+    holds an adapter instead is merged into its base)."""
     token, endpoint, cache_dir = reach.token, reach.endpoint, reach.cache_dir
     info = _model_info(source, reach.revision, token, endpoint)
     names = [s.rfilename for s in info.siblings or []]
+    if adapter_stage.ADAPTER_CONFIG in names and "config.json" not in names:
+        return _resolve_adapter(source, None, base_model, reach)
     files = _select_files(names, allow_pickle, source)
     # Config first: refuse remote code and unsupported architectures before the weights.
     folder = _download(source, info.sha, ["config.json"], token, endpoint, cache_dir)
