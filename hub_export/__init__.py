@@ -50,6 +50,7 @@ from hub_export.tasks.text_generation.run import (
     GenerationResponse,
     GenerationResult,
     Sampling,
+    Speculation,
     generate,
     stream_generate,
 )
@@ -78,6 +79,7 @@ __all__ = [
     "prepare_pte_process",
     "GenerationResponse",
     "Sampling",
+    "Speculation",
     "GenerationResult",
     "push",
     "pull",

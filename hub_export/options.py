@@ -184,6 +184,12 @@ class ExportOptions:
         help="Store a tied embedding table once: each variant becomes a .pte plus a .ptd data file (needs "
         f"--qembedding 8w; qmodes {', '.join(quantize.SHAREABLE_QMODES)}).",
     )
+    speculative: bool = _option(
+        False,
+        "--speculative",
+        help="Text generation: also write forward_rows, which scores a run of proposed tokens in one call, so "
+        "`generate --lookup` and `--draft` can decode several tokens per step (same weights, stored once).",
+    )
     int4_scales: str = _option(
         "gptq",
         "--int4-scales",
@@ -323,6 +329,12 @@ class ExportOptions:
         if self.attention_sink is None:
             return
         self.sink()  # parses or raises
+        if self.speculative:
+            raise InputError(
+                f"{opt('speculative')} rewrites cache positions a rejected draft used, which a ring buffer cannot "
+                f"take back; drop {opt('attention_sink')}",
+                param="speculative",
+            )
         if self.sliding_cache == "full":
             raise InputError(
                 f"{opt('attention_sink')} keeps every layer in a ring buffer; it cannot keep "

@@ -217,6 +217,7 @@ class PreviewRequest:
     image: str | None = None  # an uploaded image's path, for an image-classification repo
     audio: str | None = None  # an uploaded recording's path, for a speech-recognition repo
     max_audio_seconds: float = MAX_AUDIO_SECONDS  # of a recording, transcribed
+    lookup: bool = False  # several tokens per step from the prompt's n-grams (a file with forward_rows)
 
 
 def sampling_from_form(temperature: Any, top_p: Any, top_k: Any, repetition_penalty: Any, seed: Any) -> Sampling:
@@ -242,6 +243,7 @@ def preview_request(
     image: str | None = None,
     audio: str | None = None,
     max_audio_seconds: float = MAX_AUDIO_SECONDS,
+    lookup: Any = False,
 ) -> PreviewRequest:
     """Check a preview form (and API arguments) before anything is downloaded.
 
@@ -276,6 +278,7 @@ def preview_request(
         image or None,
         audio or None,
         max_audio_seconds,
+        lookup is True,
     )
 
 
@@ -517,16 +520,9 @@ def _preview_text(
     emit(("stage", f"generating with {pte}" + (" from the image" if images else "")))
     chosen_file = files / pte
     pieces, last = [], None
-    for last in stream_generate(
-        chosen_file,
-        files,
-        request.prompt,
-        max_new_tokens=request.max_new_tokens,
-        sampling=request.sampling,
-        chat=request.chat,
-        system=request.system,
-        images=images,
-    ):
+    for last in stream_generate(chosen_file, files, request.prompt, max_new_tokens=request.max_new_tokens,
+                                sampling=request.sampling, chat=request.chat, system=request.system, images=images,
+                                lookup=request.lookup):  # fmt: skip
         if last.text:
             pieces.append(last.text)
             emit(("text", last.text))

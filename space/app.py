@@ -164,7 +164,7 @@ def _wire_preview(jobs: Jobs, pv: dict[str, Any], token: gr.Textbox) -> None:
     preview_inputs = [
         pv["repo"], pv["variant"], pv["prompt"], pv["max_new_tokens"], pv["chat"], pv["system"],
         pv["temperature"], pv["top_p"], pv["top_k"], pv["repetition_penalty"], pv["seed"], token, pv["image"],
-        pv["audio"],
+        pv["audio"], pv["lookup"],
     ]  # fmt: skip
     pv["run"].click(preview_queued, None, [pv["text"], pv["stats"]], api_visibility="private", queue=False).then(
         jobs.preview,

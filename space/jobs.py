@@ -209,6 +209,7 @@ class Jobs:
         token,
         image=None,
         audio=None,
+        lookup=False,
         oauth_token: gr.OAuthToken | None = None,
     ) -> Iterator[tuple[str, str]]:
         """Download one variant and try it as its task does (generated text, embedded lines, filled masks, an image's
@@ -220,7 +221,7 @@ class Jobs:
             sampling = service.sampling_from_form(temperature, top_p, top_k, repetition_penalty, seed)
             request = service.preview_request(
                 repo_id, variant, prompt, max_new_tokens, chat, system, sampling, image, audio,
-                self.settings.max_audio_seconds,
+                self.settings.max_audio_seconds, lookup,
             )  # fmt: skip
             user = self.user_token(oauth_token, token, required=False)
             redact.add(user)
@@ -256,9 +257,16 @@ def _speed_line(
         tokens = sum(result.tokens)
         return f"{DONE} embedded {len(result.tokens)} texts ({tokens} tokens) · **{result.texts_per_s:.0f} texts/s**"
     stops = {"eos": "end of text", "max_new_tokens": "max new tokens reached", "context_full": "context full"}
+    figures = result.speculation
+    drafted = (
+        f" · prompt lookup: {figures.accepted} of {figures.proposed} proposals kept, "
+        f"{figures.tokens_per_call(result.generated_tokens):.2f} tokens per call"
+        if figures
+        else ""
+    )
     return (
         f"{DONE} prefill **{result.prefill_tokens_per_s:.0f} tok/s** ({result.prompt_tokens} prompt tokens) · "
         f"decode **{result.decode_tokens_per_s:.0f} tok/s** ({result.generated_tokens} new tokens) · "
         f"stopped: {stops.get(result.stop_reason, result.stop_reason)} · "
-        f"chat template: {'used' if result.chat else 'not used'}"  # ticked means "when the model has one"
+        f"chat template: {'used' if result.chat else 'not used'}{drafted}"  # ticked means "when the model has one"
     )

@@ -202,6 +202,11 @@ def preview_tab() -> dict[str, Any]:
             "", label="System message", placeholder="optional; needs the chat template", lines=1, scale=3
         )
     ui["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS, value=48, step=1, label="Max new tokens")
+    ui["lookup"] = gr.Checkbox(
+        label="Several tokens per step (prompt lookup)",
+        value=False,
+        info="For a file exported with --speculative: proposals from the prompt, checked several at a time.",
+    )
     ui.update(sampling_controls())
     ui["run"] = gr.Button("Generate", variant="primary")
     ui["text"] = gr.Textbox(

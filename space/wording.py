@@ -13,6 +13,8 @@ FIELD_LABELS = {
     "token": "your token", "source": "'Source model'", "repo_id": "'Target repo'", "endpoint": "the Space's HF_ENDPOINT", "branch": "the revision",
     "max_new_tokens": "'Max new tokens'", "system": "'System message'", "temperature": "'Temperature'",
     "top_p": "'Top-p'", "top_k": "'Top-k'", "repetition_penalty": "'Repetition penalty'", "seed": "'Seed'",
+    # not a field of the export form: the file must come from `hub-export export --speculative`
+    "speculative": "`hub-export export --speculative`", "lookup": "'Several tokens per step'",
 }  # fmt: skip
 SPACE_HINTS = {
     "login": "sign in again or paste a valid write token",

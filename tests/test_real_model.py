@@ -39,6 +39,7 @@ def real_export(tmp_path_factory) -> Path:
         qembedding="8w",
         max_seq_len=MAX_SEQ_LEN,
         jobs=1,
+        speculative=True,
     )
     return out
 
@@ -112,6 +113,9 @@ def test_card_states_gguf_origin_and_quality(real_export):
     assert f"`{GGUF_NAME}` (Q4_1)" in card
     assert f"{quality['perplexity']:.1f} ({quality['ratio']:.2f}x fp32)" in card
     assert "apply_chat_template" in card and "What is the capital of France?" in card
+    lookup = json.loads((real_export / "manifest.json").read_text())["variants"][0]["speculative"]
+    assert "### Several tokens per step" in card and "--variant 8da4w --lookup" in card
+    assert f"{lookup['grounded_speedup']:.2f}x on prompts that quote or rework their input" in card
 
 
 def _swap_layers(model, first: int, second: int):
@@ -233,3 +237,47 @@ def test_real_gemma3_passes_verification_past_its_window(tmp_path):
     assert check["mean_kl_vs_eager"] < 0.1 and check["quality"]["tokens"] >= 2000
     assert 1.0 < check["quality"]["ratio"] < 3.0
     assert manifest.source["gguf"]["quantization"] == "Q4_K_M"
+
+
+@pytest.fixture(scope="session")
+def real_fp32_rows(tmp_path_factory) -> Path:
+    """The real model in fp32 with forward_rows, unverified (the exactness check below is the test)."""
+    from hub_export.pipeline.export import export
+
+    out = tmp_path_factory.mktemp("real-fp32") / "smollm2"
+    export(str(smollm2_folder()), out, gguf_file=GGUF_NAME, qmodes=["fp32"], max_seq_len=MAX_SEQ_LEN, jobs=1,
+           speculative=True, verify=False)  # fmt: skip
+    return out
+
+
+@pytest.mark.real
+def test_real_lookup_output_is_plain_greedy_output_on_the_shipped_prompts(real_fp32_rows):
+    """fp32 scores a chunk as it scores one token (to float rounding), so prompt lookup must not change a token."""
+    from hub_export.tasks.text_generation.run import generate
+    from hub_export.tasks.text_generation.speculative import prompt_set
+
+    pte = next(real_fp32_rows.glob("*-fp32*.pte"))
+    tokens = calls = 0
+    for prompt in prompt_set("grounded") + prompt_set("chat"):
+        plain = generate(pte, real_fp32_rows, prompt, max_new_tokens=48)
+        drafted = generate(pte, real_fp32_rows, prompt, max_new_tokens=48, lookup=True)
+        assert drafted.text == plain.text, prompt[:60]
+        tokens += drafted.generated_tokens - 1
+        calls += drafted.speculation.calls
+    assert tokens / calls > 1.3  # several tokens per call where answers copy their prompt
+
+
+@pytest.mark.real
+def test_real_8da4w_file_records_and_states_what_lookup_does(real_export):
+    from hub_export.tasks.text_generation.run import generate
+    from hub_export.tasks.text_generation.speculative import prompt_set
+
+    (variant,) = json.loads((real_export / "manifest.json").read_text())["variants"]
+    assert variant["verification"]["rows"]["max_relative_difference"] < 1e-4
+    record = variant["speculative"]
+    assert record["max_rows"] == 16 and record["grounded_acceptance"] > 0.5
+    pte = real_export / variant["file"]
+    answer = generate(pte, real_export, "What is the capital of France?", max_new_tokens=24, lookup=True)
+    assert "Paris" in answer.text
+    quoted = generate(pte, real_export, prompt_set("grounded")[0], max_new_tokens=64, lookup=True)
+    assert (quoted.generated_tokens - 1) / quoted.speculation.calls > 1.5  # a quote is mostly accepted proposals

@@ -254,6 +254,14 @@ def test_preview_passes_chat_system_and_sampling_to_generate(
     assert calls[-1]["chat"] is False and calls[-1]["system"] is None
     assert calls[-1]["sampling"] == Sampling()  # greedy
     assert "chat template: not used" in plain[-1][1], plain[-1]
+    assert calls[-1]["lookup"] is False
+
+    # Prompt lookup on a file exported without forward_rows: the library's refusal, one line.
+    with pytest.raises(space_app.gr.Error) as failure:
+        list(jobs.preview(REPO, "8da4w", "Once upon a time", 6, False, "", *GREEDY, token, None, None, True))
+    assert calls[-1]["lookup"] is True
+    _one_line(failure.value.message)
+    assert "export it with `hub-export export --speculative`" in failure.value.message, failure.value.message
 
     # A system message without the template: the library's refusal, in the Space's words.
     with pytest.raises(space_app.gr.Error) as failure:

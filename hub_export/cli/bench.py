@@ -30,6 +30,16 @@ def bench(
         help="Run XNNPACK's kernels for an older x86 CPU on this one (avx2: no AVX-512, no VNNI), to see what a file "
         "does on such a laptop's code path.",
     ),
+    draft: str | None = typer.Option(
+        None,
+        "--draft",
+        help="Measure speculative decoding with this draft (a variant of the same repo or folder, or a .pte) against "
+        "the file alone, on the shipped prompt sets.",
+        show_default=False,
+    ),
+    lookup: bool = typer.Option(
+        False, "--lookup", help="Measure prompt-lookup decoding against the file alone, on the shipped prompt sets."
+    ),
     variant: common.VariantOption = None,
     as_json: bool = typer.Option(False, "--json", help="Print every run's figures as JSON."),
     endpoint: common.EndpointOption = None,
@@ -44,7 +54,10 @@ def bench(
 
     if isa is not None and isa not in XNNPACK_ISAS:  # before a repo is downloaded
         raise InputError(f"unknown --isa {isa!r}; choose one of: {', '.join(XNNPACK_ISAS)}")
-    pte, _ = common.locate_pte(target, variant, endpoint, token)
+    pte, folder = common.locate_pte(target, variant, endpoint, token)
+    if draft is not None or lookup:
+        _bench_drafted(target, pte, folder, draft, lookup, gen_tokens, repeat, threads, as_json, endpoint, token)
+        return
     result = run_bench(pte, prompt_tokens, gen_tokens, threads, repeat, isa=isa)
     if as_json:
         typer.echo(json.dumps(dataclasses.asdict(result)))
@@ -59,4 +72,29 @@ def bench(
                                ("peak_rss_bytes", "peak RSS MB", 1e6)):  # fmt: skip
         low, high = result.spread(name)
         table.add_row(label, f"{result.median(name) / scale:.1f}", f"{low / scale:.1f}", f"{high / scale:.1f}")
+    common.out.print(table)
+
+
+def _bench_drafted(target, pte, folder, draft, lookup, gen_tokens, repeat, threads, as_json, endpoint, token) -> None:
+    """``bench --draft/--lookup``: the file with each drafter against the file alone, prompt by prompt."""
+    from hub_export.tasks.text_generation.bench import bench_drafted  # the ExecuTorch runtime: when a file is run
+
+    decoders = {"lookup": {"lookup": True}} if lookup else {}
+    if draft is not None:
+        decoders["draft"] = {"draft": common.locate_draft(target, draft, endpoint, token)}
+    result = bench_drafted(pte, folder, decoders, gen_tokens, repeat, threads)
+    if as_json:
+        typer.echo(json.dumps(result["table"]))
+        return
+    table = Table(title=escape(f"{pte.name}: speculative decoding, greedy, up to {gen_tokens} tokens per prompt, "
+                                f"{repeat} runs"))  # fmt: skip
+    for column in ("prompts", "decoder", "speed-up", "decode tok/s", "accepted", "tokens/call", "same text"):
+        table.add_column(column, justify="right")
+    for key, row in result["table"].items():
+        kind, name = key.split("/")
+        speedup = row["speedup"]
+        accepted = f"{row['acceptance']:.0%}" if row["acceptance"] is not None else "-"
+        table.add_row(kind, escape(name), f"{speedup['median']:.2f}x ({speedup['min']:.2f}-{speedup['max']:.2f})",
+                      f"{row['decode_tokens_per_s']:.0f}", accepted, f"{row['tokens_per_call']:.2f}",
+                      f"{row['same_text']} of {row['prompts']}")  # fmt: skip
     common.out.print(table)

@@ -169,6 +169,14 @@ def locate_pte(target: str, variant: str | None, endpoint: str | None, token: st
     return _resolve_pte(pull(target, variant=variant, endpoint=endpoint, token=token), variant)
 
 
+def locate_draft(target: str, draft: str | None, endpoint: str | None, token: str | None) -> str | None:
+    """``--draft``: a ``.pte`` path as given; a variant name beside a single ``.pte`` as given (the library looks
+    beside the file); a variant of the folder or repo ``target`` names, located (and downloaded) like ``target``."""
+    if draft is None or draft.endswith(".pte") or target.endswith(".pte"):
+        return draft
+    return str(locate_pte(target, draft, endpoint, token)[0])
+
+
 def open_pte(target: str, variant: str | None, endpoint: str | None, token: str | None) -> tuple[Path, Path]:
     """Ready this process to run a ``.pte`` (ExecuTorch's threads, quiet frameworks) and find it: (the file, its
     folder)."""

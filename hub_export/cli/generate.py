@@ -53,6 +53,19 @@ def generate(
     top_k: int = typer.Option(0, "--top-k", help="Sample among the k likeliest tokens; 0 is off."),
     repetition_penalty: float = typer.Option(1.0, help="Above 1 discourages repeating tokens (1.1-1.3 is typical)."),
     seed: int = typer.Option(0, help="Sampling seed."),
+    draft: str | None = typer.Option(
+        None,
+        "--draft",
+        help="Speculative decoding with a cheaper file of the same tokenizer: a variant of the same repo or folder "
+        "(e.g. 8da4w) or a .pte path. The file needs --speculative at export; greedy output keeps the file's own choices.",
+        show_default=False,
+    ),
+    lookup: bool = typer.Option(
+        False,
+        "--lookup",
+        help="Speculative decoding from the prompt's own n-grams (no second file): faster when the answer copies "
+        "its input (quote, correct, reformat); the file needs --speculative at export.",
+    ),
     endpoint: common.EndpointOption = None,
     token: common.TokenOption = None,
 ):
@@ -67,6 +80,7 @@ def generate(
         typer.echo(generate_text(pte, tokenizer or tokenizer_dir, prompt, max_new_tokens=max_new_tokens))
         common.err.print(f"[dim]greedy answer in {time.perf_counter() - started:.2f} s ({pte.name})[/dim]")
         return
+    draft = common.locate_draft(target, draft, endpoint, token)
     result = run_generate(
         pte,
         tokenizer or tokenizer_dir,
@@ -78,6 +92,8 @@ def generate(
         images=image or None,
         threads=threads,
         ignore_eos=ignore_eos,
+        draft=draft,
+        lookup=lookup,
         on_text=lambda piece: (sys.stdout.write(piece), sys.stdout.flush()),
     )
     sys.stdout.write("\n")
@@ -86,3 +102,9 @@ def generate(
         f"generated {result.generated_tokens} tok, decode {result.decode_tokens_per_s:.1f} tok/s; "
         f"stop: {result.stop_reason}{'; chat template' if result.chat else ''}[/dim]"
     )
+    if result.speculation is not None:
+        figures = result.speculation
+        common.err.print(
+            f"[dim]drafter {figures.drafter}: {figures.accepted} of {figures.proposed} proposed tokens accepted "
+            f"({figures.acceptance:.0%}), {figures.tokens_per_call(result.generated_tokens):.2f} tokens per call[/dim]"
+        )

@@ -41,6 +41,12 @@ def ls_command(
             "-" if decode == "n/a" else decode,
         )
     common.out.print(table)
+    for variant in manifest.variants:
+        line = variant_facts(variant)["lookup"]
+        if line:
+            common.out.print(
+                f"[dim]{escape(variant.file)}: several tokens per step with --lookup: {escape(line)}[/dim]"
+            )
     qualities = [v.verification.quality for v in manifest.variants if v.verification.quality is not None]
     if qualities:
         common.out.print(

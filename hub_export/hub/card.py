@@ -163,6 +163,17 @@ def _quality_text(variants: list[Variant]) -> dict[str, Any] | None:
     return None
 
 
+def _lookup_line(variant: Variant) -> str | None:
+    """What ``--lookup`` did at export ("1.72x on prompts that quote their input, 1.03x on chat"), or None."""
+    record = variant.speculative
+    if not record:
+        return None
+    grounded, chat = record.get("grounded_speedup"), record.get("chat_speedup")
+    if grounded is None or chat is None:
+        return "not timed at export (unverified, or the shipped prompts exceed its context)"
+    return f"{grounded:.2f}x on prompts that quote or rework their input, {chat:.2f}x on open chat"
+
+
 def variant_facts(variant: Variant) -> dict[str, Any]:
     """A variant's facts as displayed text: the one wording of the card, ``hub-export ls`` and the Space's table."""
     check = variant.verification
@@ -195,6 +206,7 @@ def variant_facts(variant: Variant) -> dict[str, Any]:
         "decode_tps": _figure(check.speed("decode"), ".0f"),
         "speed_threads": check.runner_threads if check.speed("decode") and check.runner_threads else None,
         "int4_scales": (variant.recipe or {}).get("int4_scales"),
+        "lookup": _lookup_line(variant),
         "mixed": _mixed_line(variant),
         "rounding": _rounding_line(variant),
         **memory_facts(variant),

@@ -25,10 +25,15 @@ from hub_export.pipeline.manifest import Variant, sha256_file
 from hub_export.pipeline.records import Verification
 from hub_export.pipeline.verify import expected_logits, text_config, token_ids, verify
 from hub_export.runtime.inspection import delegation_record, inspect_pte
-from hub_export.runtime.pte import MemoryProbe
+from hub_export.runtime.pte import ROWS_METHOD, MemoryProbe
 from hub_export.tasks import encoders
 from hub_export.tasks import registry as tasks
-from hub_export.tasks.text_generation.export import ExportableDecoder, export_program
+from hub_export.tasks.text_generation.export import (
+    ExportableDecoder,
+    export_program,
+    export_rows_program,
+    rows_limit,
+)
 from hub_export.tasks.text_generation.kv_cache import plan_layers
 
 if TYPE_CHECKING:
@@ -220,7 +225,7 @@ def finish_text_variant(run: RunState, lowered: LoweredText, probe) -> Variant:
     mode = quantize.QMODES[lowered.qmode]
     name, path, layout = lowered.path.name, lowered.path, lowered.layout
     plan = run.mixed_plan if mode.calibrated else None
-    verification, runtime_memory = Verification.skipped_record(), None
+    verification, runtime_memory, speculative = Verification.skipped_record(), None, None
     if lowered.expected is not None:
         run.say(f"[{name}] verifying against eager and in TextLLMRunner", "verify", name)
         verification = verify(
@@ -233,12 +238,24 @@ def finish_text_variant(run: RunState, lowered: LoweredText, probe) -> Variant:
         )
         if not verification.passed:
             raise VerificationError(f"{name} failed verification: {verification.failure}")
+        if "get_max_rows" in lowered.metadata:
+            from hub_export.tasks.text_generation.bench import lookup_record  # runs the file in a fresh process
+            from hub_export.tasks.text_generation.speculative import check_rows  # runs the file: loads ExecuTorch
+
+            rows = lowered.metadata["get_max_rows"]
+            run.say(f"[{name}] checking {ROWS_METHOD} on {rows} rows against forward", "note", name)
+            verification.rows = check_rows(path, rows)
+            run.say(f"[{name}] timing prompt lookup against plain decoding on 4 shipped prompts", "note", name)
+            speculative = lookup_record(path, run.src.path, rows)
         run.say(f"[{name}] measuring memory at full context ({run.max_seq_len} positions)", "note", name)
         runtime_memory = probe.measure(path, extra_tokens=8 if layout.unbounded else 0)
     record = _variant_record(
         run, lowered.qmode, path, lowered.metadata, verification, lowered.seconds, lowered.fallback, plan
     )
     record.kv_cache, record.runtime_memory = {**layout.to_dict(), "sliding": opts.sliding_cache}, runtime_memory
+    if speculative is None and "get_max_rows" in lowered.metadata:  # not verified: the method is there, not timed
+        speculative = {"max_rows": lowered.metadata["get_max_rows"]}
+    record.speculative = speculative
     return record
 
 
@@ -317,7 +334,8 @@ def _lower(run: RunState, model, name: str):
         f"[{name}] exporting with torch.export (dynamic sequence length up to {run.max_seq_len - 1})", "export", name
     )
     layout = plan_layers(text_config(model.config), run.max_seq_len, opts.sliding_cache, opts.kv_cache, opts.sink())
-    program = export_program(ExportableDecoder(model, run.max_seq_len, layout))
+    wrapped = ExportableDecoder(model, run.max_seq_len, layout)
+    program = export_program(wrapped)
     bos, eos = token_ids(model)
     metadata = runner_metadata(
         max_seq_len=run.max_seq_len,
@@ -327,6 +345,12 @@ def _lower(run: RunState, model, name: str):
         dynamic_shape=is_dynamic(program),
         max_context_len=UNBOUNDED_CONTEXT if layout.unbounded else None,
     )
+    if opts.speculative:
+        metadata["get_max_rows"] = rows_limit(run.max_seq_len)
+        run.say(f"[{name}] exporting {ROWS_METHOD} (up to {metadata['get_max_rows']} rows of logits per call)", "note",
+                name)  # fmt: skip
+        program = {"forward": program, ROWS_METHOD: export_rows_program(wrapped)}
+    del wrapped
     run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)", "lower", name)
     path = run.workdir / name
     data_path = path.with_suffix(".ptd") if opts.share_embeddings else None

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import contextlib
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -117,7 +118,7 @@ def _tag_weights_external(tag: str):
 
     def tag_weights(graph_module: torch.fx.GraphModule) -> PassResult:
         for node in graph_module.graph.nodes:
-            if node.op == "placeholder" and node.name not in ("input_ids", "cache_position"):
+            if node.op == "placeholder" and node.name not in ("input_ids", "cache_position", "rows"):
                 node.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
         return PassResult(graph_module, True)
 
@@ -145,13 +146,16 @@ def backend_config(tag: str | None = None, methods: int = 1):
 
 
 def to_pte(
-    program: torch.export.ExportedProgram,
+    program: torch.export.ExportedProgram | dict[str, torch.export.ExportedProgram],
     metadata: dict[str, Any],
     path: Path,
     data_path: Path | None = None,
     on_partition: Callable[[], None] | None = None,
 ) -> int:
     """Partition to XNNPACK, plan memory and write the ``.pte`` to ``path``; returns its size.
+
+    ``program`` is the ``forward`` method, or one program per method name (a speech file's
+    encoder and decoder, a text file's ``forward`` and ``forward_rows``).
 
     ``do_quant_fusion_and_const_prop`` folds torchao's weight-only dequantize patterns
     (e.g. quantized embeddings) into ops the runtime has kernels for.
@@ -168,26 +172,30 @@ def to_pte(
     tag = data_path.stem if data_path is not None else None
     from executorch.exir import to_edge_transform_and_lower
 
-    if isinstance(program, dict):  # several methods (a speech file): lowered together, the stock way
-        return _methods_to_pte(program, metadata, path, on_partition)
-    inferred_reshapes(program)
-    drop_provenance(program)
-    xnnpack = partitioner()
-    with forgetting_tracing_caches(), skipping_idle_edge_passes():
-        with (
-            decomposing_once(program, xnnpack) as decomposed,
-            compact_dependency_viewers(),
-            skipping_idle_xnnpack_passes(on_partition),
-        ):
-            edge = to_edge_transform_and_lower(
-                decomposed or program,
-                transform_passes=[_tag_weights_external(tag)] if tag else None,
-                partitioner=[xnnpack],
-                compile_config=edge_compile_config(),
-                constant_methods=metadata,
-            )
-        executorch_program = edge.to_executorch(backend_config(tag))
-        del edge
+    programs = program if isinstance(program, dict) else {"forward": program}
+    for each in programs.values():
+        inferred_reshapes(each)
+        drop_provenance(each)
+    partitioners = {name: partitioner() for name in programs}
+    with forgetting_tracing_caches(), skipping_idle_edge_passes(), contextlib.ExitStack() as stack:
+        # Each method decomposed once where its partitioner takes every node it keeps whole.
+        ready = {
+            name: stack.enter_context(decomposing_once(each, partitioners[name])) or each
+            for name, each in programs.items()
+        }
+        stack.enter_context(compact_dependency_viewers())
+        stack.enter_context(skipping_idle_xnnpack_passes(on_partition))
+        several = isinstance(program, dict)
+        edge = to_edge_transform_and_lower(
+            ready if several else ready["forward"],
+            transform_passes=[_tag_weights_external(tag)] if tag else None,
+            partitioner={name: [each] for name, each in partitioners.items()} if several else [partitioners["forward"]],
+            compile_config=edge_compile_config(),
+            constant_methods=metadata,
+        )
+        stack.close()
+        executorch_program = edge.to_executorch(backend_config(tag, methods=len(programs)))
+        del edge, ready
         with open(path, "wb") as handle:
             executorch_program.write_to_file(handle)
         if tag:
@@ -195,30 +203,4 @@ def to_pte(
             if not data_path.is_file():
                 raise RuntimeError(f"ExecuTorch wrote no {data_path.name}")
         del executorch_program
-    return path.stat().st_size
-
-
-def _methods_to_pte(
-    programs: dict[str, torch.export.ExportedProgram],
-    metadata: dict[str, Any],
-    path: Path,
-    on_partition: Callable[[], None] | None = None,
-) -> int:
-    """Lower one program per method into one ``.pte`` at ``path``; returns its size."""
-    from executorch.exir import to_edge_transform_and_lower
-
-    for program in programs.values():
-        inferred_reshapes(program)
-        drop_provenance(program)
-    with forgetting_tracing_caches(), skipping_idle_xnnpack_passes(on_partition):
-        edge = to_edge_transform_and_lower(
-            programs,
-            partitioner={name: [partitioner()] for name in programs},
-            compile_config=edge_compile_config(),
-            constant_methods=metadata,
-        )
-    executorch_program = edge.to_executorch(backend_config(methods=len(programs)))
-    del edge
-    with open(path, "wb") as handle:
-        executorch_program.write_to_file(handle)
     return path.stat().st_size

@@ -61,6 +61,9 @@ class Variant:
     # What the exporter asked for beyond the qmode (ExportOptions.variant_settings): a default
     # context stays "default" here, so the same request can be recognised again.
     asked: dict[str, Any] | None = None
+    # A --speculative file: rows forward_rows returns at most, and prompt lookup's decode speed-up over plain
+    # decoding measured at export on shipped prompts (hub_export.tasks.text_generation.bench.bench_drafted).
+    speculative: dict[str, Any] | None = None
 
     def built_as(self, qmode: str, options: ExportOptions) -> bool:
         """Whether this variant is what ``options`` would build as ``qmode`` now, verified.
@@ -260,6 +263,32 @@ def check_variant(where: str, index: int, data: Any) -> None:
     _check_memory(where, what, data)
     _check_asked(where, f"{what}.asked", data.get("asked"))
     _check_delegation(where, f"{what}.delegation", data.get("delegation"))
+    _check_speculative(where, f"{what}.speculative", data.get("speculative"))
+
+
+_SPECULATIVE_FIGURES = ("grounded_speedup", "chat_speedup", "grounded_acceptance", "chat_acceptance")
+
+
+def _check_speculative(where: str, what: str, record: Any) -> None:
+    """``max_rows``, ``new_tokens`` and ``prompts`` (counts) and the figures (finite numbers in 0-100) only."""
+    if record is None:
+        return
+    _check_type(where, what, record, dict, "an object")
+    unknown = sorted(set(record) - {"max_rows", "new_tokens", "prompts", *_SPECULATIVE_FIGURES})
+    if unknown:
+        raise _bad(where, what, f"has unknown key {unknown[0][:40]!r}")
+    for name in ("max_rows", "new_tokens", "prompts"):
+        if name in record and not (is_int(record[name]) and 0 < record[name] < 2**16):
+            raise _bad(where, f"{what}.{name}", f"is {repr(record[name])[:40]}, not a count")
+    for name in _SPECULATIVE_FIGURES:
+        value = record.get(name)
+        if value is not None and not (
+            isinstance(value, (int, float))
+            and not isinstance(value, bool)
+            and math.isfinite(value)
+            and 0 <= value <= 100
+        ):
+            raise _bad(where, f"{what}.{name}", f"is {repr(value)[:40]}, not a figure")
 
 
 def _check_delegation(where: str, what: str, record: Any) -> None:

@@ -148,12 +148,24 @@ def _check_task_options(options: ExportOptions, task: tasks.Task, config: dict, 
             "nothing to share; drop the flag",
             param="share_embeddings",
         )
+    elif options.speculative and options.sliding_cache == "ring" and _has_sliding_layers(config):
+        raise InputError(
+            f"{source} has sliding-window layers, whose ring buffer cannot take back a rejected draft's positions",
+            hint=f"add {opt('sliding_cache')} full (those layers then keep every position, masked)",
+            param="speculative",
+        )
+
+
+def _has_sliding_layers(config: dict) -> bool:
+    text = config.get("text_config") if isinstance(config.get("text_config"), dict) else config
+    return any(window is not None for window in archs.layer_windows(text))
 
 
 def _check_encoder_options(options: ExportOptions, task: tasks.Task) -> None:
     """Refuse the decoder's options (KV cache, attention sink, shared embeddings) for ``task``."""
     decoder_only = {
         "share_embeddings": options.share_embeddings,
+        "speculative": options.speculative,
         "attention_sink": options.attention_sink is not None,
         "kv_cache": options.kv_cache != "fp32",
         "sliding_cache": options.sliding_cache != "ring",

@@ -139,6 +139,8 @@ class Verification:
     # Figures of a task other than text generation, by name (sentence embeddings: the cosine
     # similarities to eager's and fp32's vectors and the nearest-neighbour agreement).
     figures: dict[str, float] | None = None
+    # A --speculative file: forward_rows scoring a chunk in one call against forward one token at a time.
+    rows: dict[str, float] | None = None
 
     @classmethod
     def skipped_record(cls) -> Verification:
@@ -160,6 +162,7 @@ class Verification:
             quality=Quality.from_dict(data.get("quality")),
             second_quality=Quality.from_dict(data.get("second_quality")),
             figures=_figures(data.get("figures")),
+            rows=_figures(data.get("rows")),
             **{name: _finite(data.get(name)) for name in _VERIFICATION_FLOATS},
         )
 
@@ -169,8 +172,10 @@ class Verification:
         data = {
             name: _rounded(value)
             for name, value in asdict(self).items()
-            if name not in ("skipped", "quality", "second_quality", "figures")
+            if name not in ("skipped", "quality", "second_quality", "figures", "rows")
         }
+        if self.rows is not None:
+            data["rows"] = {name: float(f"{value:.3g}") for name, value in self.rows.items() if math.isfinite(value)}
         data["quality"] = self.quality.to_dict() if self.quality is not None else None
         if self.second_quality is not None:
             data["second_quality"] = self.second_quality.to_dict()

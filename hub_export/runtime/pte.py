@@ -12,12 +12,16 @@ import sys
 import tempfile
 import time
 import warnings
+from collections.abc import Mapping
 from pathlib import Path
 
 import torch
 
 from hub_export.errors import InputError, VerificationError, first_line
 from hub_export.runtime.process_env import pte_process_env
+
+# The method of a text file that returns the logits of chosen chunk positions (speculative decoding).
+ROWS_METHOD = "forward_rows"
 
 # What every ExecuTorch program starts with (executorch/exir/_serialize/_program.py and
 # schema/program.fbs): a flatbuffer root offset (u32), the file identifier "ET" + two
@@ -72,18 +76,18 @@ class PteModel:
         >>> logits = model.forward(torch.tensor([[1, 2, 3]]), start_pos=0)
     """
 
-    def __init__(self, path: str | Path, data_path: str | Path | None = None):
+    def __init__(self, path: str | Path, data_path: str | Path | None = None, load: tuple[str, ...] | None = None):
         _load_kernels()
         self.path = Path(path)
         if data_path is None:
             data_path = data_file_of(self.path)
         check_loadable(self.path, data_path)
-        self.program, self.methods, self.metadata = _open_program(self.path, data_path)
+        self.program, self.methods, self.metadata = _open_program(self.path, data_path, load)
 
     @property
     def method(self):
         """The file's main method: ``forward``, or the first of several (a speech file's ``encoder``...)."""
-        return self.methods.get("forward") or next(iter(self.methods.values()))
+        return self.methods["forward" if "forward" in self.methods else next(iter(self.methods))]
 
     def run(self, inputs: list[torch.Tensor], method: str | None = None) -> torch.Tensor:
         """The first output of ``method`` (default: :attr:`method`) on ``inputs``.
@@ -119,12 +123,66 @@ class PteModel:
             )
         return output.reshape(-1, output.shape[-1])[-1]
 
+    def forward_rows(self, input_ids: torch.Tensor, start_pos: int, rows: torch.Tensor) -> torch.Tensor:
+        """Logits ``[len(rows), vocab]`` of the chunk positions ``rows`` (a file exported with ``--speculative``).
 
-def _open_program(path: Path, data_path: str | Path | None):
+        Example:
+            >>> model.forward_rows(torch.tensor([[1, 2, 3]]), start_pos=0, rows=torch.arange(3)).shape
+            torch.Size([3, 49152])
+        """
+        if ROWS_METHOD not in self.methods:
+            raise InputError(
+                f"{self.path.name} cannot score several tokens per call (it has no {ROWS_METHOD} method); "
+                "export it again with --speculative"
+            )
+        positions = torch.arange(start_pos, start_pos + input_ids.shape[1], dtype=torch.long)
+        output = self.run([input_ids, positions, rows], ROWS_METHOD)
+        return output.reshape(-1, output.shape[-1])
+
+
+class LoadedMethods(Mapping):
+    """A file's computing methods by name, each loaded by the runtime the first time it is asked for.
+
+    Loading a method packs its weights for XNNPACK; two methods over the same weights (``forward`` and
+    ``forward_rows``) would hold two packed copies, so a method nobody runs is never loaded.
+    """
+
+    def __init__(self, path: Path, program, names: list[str]):
+        self._path, self._program, self._names, self._loaded = path, program, names, {}
+
+    def __getitem__(self, name: str):
+        if name not in self._names:
+            raise KeyError(name)
+        return self.load(name)
+
+    def load(self, name: str):
+        """The method ``name``, loaded now if it was not yet (VerificationError if the runtime refuses it)."""
+        if name not in self._loaded:
+            try:
+                with quiet_native_output():
+                    self._loaded[name] = self._program.load_method(name)
+            except (RuntimeError, ValueError) as error:
+                raise VerificationError(
+                    f"{self._path.name} cannot load its {name} method in the ExecuTorch runtime ({error})"
+                ) from None
+        return self._loaded[name]
+
+    def __contains__(self, name) -> bool:
+        return name in self._names  # without loading it
+
+    def __iter__(self):
+        return iter(self._names)
+
+    def __len__(self) -> int:
+        return len(self._names)
+
+
+def _open_program(path: Path, data_path: str | Path | None, load: tuple[str, ...] | None = None):
     """(program, its methods by name, metadata) of a ``.pte``; load errors become VerificationError.
 
     A method without inputs is a constant (the metadata: ``get_max_seq_len``...); the
     others are what the file computes: ``forward``, or a speech file's ``encoder``...
+    Those named in ``load`` (default: all but ``forward_rows``) are loaded now, the others when first run.
     """
     from executorch.runtime import Runtime
 
@@ -135,7 +193,9 @@ def _open_program(path: Path, data_path: str | Path | None):
             computing = [name for name in names if program.metadata(name).num_inputs() > 0]
             if not computing:
                 raise VerificationError(f"{path.name} has no method that takes an input; {REDO}")
-            methods = {name: program.load_method(name) for name in computing}
+            methods = LoadedMethods(path, program, computing)
+            for name in [name for name in computing if name != ROWS_METHOD] if load is None else load:
+                methods.load(name)
         return program, methods, _read_metadata(program, [name for name in names if name not in methods])
     except (RuntimeError, ValueError) as error:
         raise VerificationError(f"{path.name} cannot be loaded by the ExecuTorch runtime ({error})") from None

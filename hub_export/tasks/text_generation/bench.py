@@ -128,3 +128,106 @@ def bench(
             raise VerificationError(f"{pte.name} failed while benchmarked ({last[:200]})")
         result.runs.append(json.loads(done.stdout.strip().splitlines()[-1]))
     return result
+
+
+def drafted_round(pte: str, tokenizer_dir: str, decoders: dict[str, dict], max_new_tokens: int,
+                  threads: int | None = None, per_set: int | None = None) -> list[dict]:  # fmt: skip
+    """One round, in this (fresh) process: every shipped prompt (``grounded``, then ``chat``) through the file
+    alone (``"plain"``), then through each of ``decoders`` (name -> :func:`generate` settings; a ``"pte"``
+    setting runs another file), greedy, through the chat template; ``per_set`` takes the first prompts of each set
+    only. Returns one row per prompt."""
+    from hub_export.tasks.text_generation.speculative import PROMPT_SETS, prompt_set  # the shipped prompts
+
+    rows = []
+    for kind in PROMPT_SETS:
+        for prompt in prompt_set(kind)[:per_set]:
+            row = {"set": kind, "prompt": prompt[:40]}
+            try:
+                for name, settings in {"plain": {}, **decoders}.items():
+                    row[name] = _decode_figures(pte, tokenizer_dir, prompt, max_new_tokens, threads, dict(settings))
+            except InputError as error:
+                if error.code != "prompt_too_long":
+                    raise
+                continue  # a prompt longer than the file's context: not measured
+            rows.append(row)
+    return rows
+
+
+def _decode_figures(pte: str, tokenizer_dir: str, prompt: str, max_new_tokens: int, threads, settings: dict) -> dict:
+    from hub_export.tasks.text_generation.run import generate  # the ExecuTorch runtime: in the measuring process
+
+    result = generate(settings.pop("pte", pte), tokenizer_dir, prompt, max_new_tokens=max_new_tokens,
+                      threads=threads, **settings)  # fmt: skip
+    figures = result.speculation
+    return {
+        "decode_tokens_per_s": result.decode_tokens_per_s,
+        "tokens": result.generated_tokens,
+        "text": result.text,
+        "proposed": figures.proposed if figures else 0,
+        "accepted": figures.accepted if figures else 0,
+        "calls": figures.calls if figures else result.generated_tokens - 1,
+    }
+
+
+def summarize_drafted(rounds: list[list[dict]], decoders: list[str]) -> dict:
+    """Per prompt set and decoder: speed-up over plain on the same prompt in the same process (median and range),
+    decode tok/s, acceptance, tokens per call, and on how many prompts the text was the plain one."""
+    table = {}
+    from hub_export.tasks.text_generation.speculative import PROMPT_SETS  # the shipped prompts, in order
+
+    for kind in sorted({row["set"] for one in rounds for row in one}, key=PROMPT_SETS.index):
+        rows = [row for one in rounds for row in one if row["set"] == kind]
+        for name in decoders:
+            runs = [row[name] for row in rows]
+            ratios = [row[name]["decode_tokens_per_s"] / row["plain"]["decode_tokens_per_s"] for row in rows]
+            speeds = [run["decode_tokens_per_s"] for run in runs]
+            proposed = sum(run["proposed"] for run in runs)
+            table[f"{kind}/{name}"] = {
+                "speedup": {"median": statistics.median(ratios), "min": min(ratios), "max": max(ratios)},
+                "decode_tokens_per_s": statistics.median(speeds),
+                "acceptance": sum(run["accepted"] for run in runs) / proposed if proposed else None,
+                "tokens_per_call": sum(run["tokens"] - 1 for run in runs) / max(1, sum(run["calls"] for run in runs)),
+                "same_text": sum(run["text"] == row["plain"]["text"] for run, row in zip(runs, rows, strict=True)),
+                "prompts": len(rows),
+            }
+    return table
+
+
+def bench_drafted(pte: str | Path, tokenizer_dir: str | Path, decoders: dict[str, dict], max_new_tokens: int = 128,
+                  repeat: int = 1, threads: int | None = None, per_set: int | None = None) -> dict:  # fmt: skip
+    """:func:`drafted_round` ``repeat`` times, each in a fresh process, summarized by :func:`summarize_drafted`.
+
+    Example:
+        >>> table = bench_drafted("out/model-8da8w-emb8w.pte", "out", {"lookup": {"lookup": True}})
+        >>> round(table["grounded/lookup"]["speedup"]["median"], 1)
+        1.6
+    """
+    code = ("import json, sys; from hub_export.tasks.text_generation.bench import drafted_round; "
+            "print(json.dumps(drafted_round(*json.loads(sys.argv[1]))))")  # fmt: skip
+    rounds = []
+    for _ in range(repeat):
+        arguments = json.dumps([str(pte), str(tokenizer_dir), decoders, max_new_tokens, threads, per_set])
+        done = subprocess.run([sys.executable, "-c", code, arguments], capture_output=True, text=True,
+                              env=pte_process_env())  # fmt: skip
+        if done.returncode != 0:
+            last = (done.stderr.strip().splitlines() or ["no message"])[-1]
+            raise VerificationError(f"{Path(pte).name} failed while benchmarked ({last[:200]})")
+        rounds.append(json.loads(done.stdout.strip().splitlines()[-1]))
+    return {"table": summarize_drafted(rounds, list(decoders)), "rounds": rounds}
+
+
+def lookup_record(pte: str | Path, tokenizer_dir: str | Path, max_rows: int, new_tokens: int = 48,
+                  per_set: int = 2) -> dict:  # fmt: skip
+    """What a manifest records of a ``--speculative`` file: prompt lookup's speed-up and acceptance on the first
+    ``per_set`` prompts of each shipped set, ``new_tokens`` each, in a fresh process (:func:`bench_drafted`)."""
+    table = bench_drafted(pte, tokenizer_dir, {"lookup": {"lookup": True}}, new_tokens, per_set=per_set)["table"]
+    record: dict = {"max_rows": max_rows}
+    if set(table) != {"grounded/lookup", "chat/lookup"}:
+        return record  # the shipped prompts do not fit the file's context: not timed
+    record |= {"new_tokens": new_tokens, "prompts": min(table[key]["prompts"] for key in table)}
+    for kind in ("grounded", "chat"):
+        row = table[f"{kind}/lookup"]
+        record[f"{kind}_speedup"] = round(row["speedup"]["median"], 2)
+        if row["acceptance"] is not None:
+            record[f"{kind}_acceptance"] = round(row["acceptance"], 2)
+    return record

@@ -10,6 +10,12 @@ keep the cache in ``[batch, seq, heads, head_dim]`` layout and mask causally fro
 Only the last position's logits are returned: the runner samples from the last row
 anyway, and skipping the vocabulary projection for every other prompt token makes
 prefill cheaper.
+
+A file exported for speculative decoding also has ``forward_rows(input_ids[1, seq],
+cache_position[seq], rows[k]) -> logits[1, k, vocab]``: the same model over the same
+cache, returning the logits of the chunk positions listed in ``rows`` (at most
+:data:`MAX_ROWS`). ``rows = [seq - 1]`` prefills like ``forward``; ``rows = arange(seq)``
+scores a run of proposed tokens in one call (:mod:`hub_export.tasks.text_generation.speculative`).
 """
 
 from __future__ import annotations
@@ -25,6 +31,14 @@ from hub_export.tasks.text_generation import kv_cache
 from hub_export.tasks.text_generation.kv_cache import CacheLayout, ForwardContext, KVCache, plan_layers
 
 ATTENTION_NAME = "hub_export_custom_sdpa"
+# Rows one forward_rows call returns: a draft of up to 15 tokens plus the token before it. The
+# output buffer is planned for this many rows of logits, so it bounds the method's memory.
+MAX_ROWS = 16
+
+
+def rows_limit(max_seq_len: int) -> int:
+    """Rows one ``forward_rows`` call of a file with ``max_seq_len`` cache positions returns at most."""
+    return min(MAX_ROWS, max_seq_len - 1)
 
 
 def _load_custom_ops() -> None:
@@ -104,6 +118,11 @@ class ExportableDecoder(nn.Module):
         self.cache = KVCache(self.layout, dtype=model.dtype)
 
     def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor) -> torch.Tensor:
+        return self.logits(input_ids, cache_position, 1)
+
+    def logits(self, input_ids: torch.Tensor, cache_position: torch.Tensor, keep) -> torch.Tensor:
+        """Logits of the chunk after writing it to the cache: the last ``keep`` positions (an int), or the
+        positions a 1-D index tensor lists (transformers' ``logits_to_keep``)."""
         start_pos = cache_position[0].item()
         torch._check(start_pos >= 0)
         positions = cache_position
@@ -118,9 +137,27 @@ class ExportableDecoder(nn.Module):
                 position_ids=positions.unsqueeze(0),
                 cache=self.cache,
                 use_cache=True,
-                logits_to_keep=1,
+                logits_to_keep=keep,
             )
         return out.logits
+
+
+class RowsDecoder(nn.Module):
+    """``forward_rows``: the logits of chosen chunk positions, over the same model and cache as ``forward``.
+
+    The model and the cache are registered under the names :class:`ExportableDecoder` gives them, so
+    both methods of a file address the same cache buffers (``share_mutable_buffers``) and the same
+    weights (stored once: XNNPACK keys its weights by content).
+    """
+
+    def __init__(self, decoder: ExportableDecoder):
+        super().__init__()
+        self.model = decoder.model
+        self.cache = decoder.cache
+        self.decoder = [decoder]  # a list: not a submodule, so no second name for the same weights
+
+    def forward(self, input_ids: torch.Tensor, cache_position: torch.Tensor, rows: torch.Tensor) -> torch.Tensor:
+        return self.decoder[0].logits(input_ids, cache_position, rows)
 
 
 def needs_strict_tracing(layout: CacheLayout) -> bool:
@@ -149,5 +186,22 @@ def export_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
         program = torch.export.export(
             wrapped, example, dynamic_shapes=dynamic, strict=needs_strict_tracing(wrapped.layout)
         )
+    wrapped.cache.reset()
+    return program
+
+
+def export_rows_program(wrapped: ExportableDecoder) -> torch.export.ExportedProgram:
+    """``torch.export`` :class:`RowsDecoder` over ``wrapped``: dynamic chunk length and number of rows."""
+    max_prefill = wrapped.max_seq_len - 1
+    if max_prefill < 2:
+        raise ValueError("a file for speculative decoding needs a cache of at least 3 positions")
+    example = (torch.zeros((1, 2), dtype=torch.long), torch.arange(2), torch.arange(2))
+    seq = torch.export.Dim("seq", min=1, max=max_prefill)
+    rows = torch.export.Dim("rows", min=1, max=rows_limit(wrapped.max_seq_len))
+    with torch.no_grad(), delegable_norms(wrapped.model), forget_compiled_globals():
+        program = torch.export.export(
+            RowsDecoder(wrapped), example, dynamic_shapes=({1: seq}, {0: seq}, {0: rows}),
+            strict=needs_strict_tracing(wrapped.layout),
+        )  # fmt: skip
     wrapped.cache.reset()
     return program

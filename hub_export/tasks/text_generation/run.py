@@ -29,6 +29,7 @@ class GenerationResult:
     decode_seconds: float
     stop_reason: str  # "eos", "max_new_tokens" or "context_full"
     chat: bool = False  # whether the prompt went through the chat template
+    speculation: Speculation | None = None  # drafted decoding's figures (None: one token per call)
 
     @property
     def prefill_tokens_per_s(self) -> float:
@@ -39,6 +40,24 @@ class GenerationResult:
         # The first token comes out of prefill; decode speed counts the forwards after it.
         steps = max(self.generated_tokens - 1, 0)
         return steps / self.decode_seconds if self.decode_seconds else 0.0
+
+
+@dataclass
+class Speculation:
+    """What drafting did in one generation: proposals made and kept, and the file's decode calls."""
+
+    drafter: str  # "lookup", or the draft file's name
+    proposed: int = 0
+    accepted: int = 0
+    calls: int = 0  # forward_rows calls after prefill
+
+    @property
+    def acceptance(self) -> float:
+        return self.accepted / self.proposed if self.proposed else 0.0
+
+    def tokens_per_call(self, generated: int) -> float:
+        # the first token comes out of prefill
+        return (generated - 1) / self.calls if self.calls else 0.0
 
 
 @dataclass(frozen=True)
@@ -74,16 +93,15 @@ class Sampling:
         """The next token from ``logits`` ``[vocab]``; ``seen`` are the ids so far (for the penalty)."""
         import torch
 
-        logits = logits.float()
-        if self.repetition_penalty != 1.0 and seen:
-            # The CTRL / transformers rule: shrink the score of every token already in the text.
-            ids = torch.tensor(sorted(set(seen)), dtype=torch.long)
-            scores = logits[ids]
-            logits = logits.clone()
-            logits[ids] = torch.where(scores > 0, scores / self.repetition_penalty, scores * self.repetition_penalty)
         if self.temperature <= 0:
-            return int(logits.argmax())
-        logits = logits / self.temperature
+            return int(self._penalized(logits, seen).argmax())
+        return int(torch.multinomial(self.probabilities(logits, seen), 1, generator=generator))
+
+    def probabilities(self, logits, seen):
+        """The distribution :meth:`pick` samples from (temperature above 0): penalty, temperature, top-k, top-p."""
+        import torch
+
+        logits = self._penalized(logits, seen) / self.temperature
         if self.top_k:
             kth = torch.topk(logits, min(self.top_k, logits.numel())).values[-1]
             logits = logits.masked_fill(logits < kth, float("-inf"))
@@ -93,7 +111,19 @@ class Sampling:
             # keep the smallest prefix whose mass reaches top_p (the first token always stays)
             drop = cumulative - torch.softmax(ordered, -1) >= self.top_p
             logits = logits.masked_fill(torch.zeros_like(drop).scatter(0, order, drop), float("-inf"))
-        return int(torch.multinomial(torch.softmax(logits, -1), 1, generator=generator))
+        return torch.softmax(logits, -1)
+
+    def _penalized(self, logits, seen):
+        import torch
+
+        logits = logits.float()
+        if self.repetition_penalty != 1.0 and seen:
+            # The CTRL / transformers rule: shrink the score of every token already in the text.
+            ids = torch.tensor(sorted(set(seen)), dtype=torch.long)
+            scores = logits[ids]
+            logits = logits.clone()
+            logits[ids] = torch.where(scores > 0, scores / self.repetition_penalty, scores * self.repetition_penalty)
+        return logits
 
 
 @dataclass
@@ -112,6 +142,7 @@ class GenerationResponse:
     decode_seconds: float
     stop_reason: str | None = None
     chat: bool = False
+    speculation: Speculation | None = None
 
     def result(self, text: str) -> GenerationResult:
         """The :class:`GenerationResult` of a generation whose last response this is."""
@@ -123,6 +154,7 @@ class GenerationResponse:
             self.decode_seconds,
             self.stop_reason or "max_new_tokens",
             self.chat,
+            self.speculation,
         )
 
 
@@ -139,6 +171,8 @@ def stream_generate(
     images: list[str | Path] | None = None,
     threads: int | None = None,
     ignore_eos: bool = False,
+    draft: str | Path | None = None,
+    lookup: bool = False,
 ) -> Iterator[GenerationResponse]:
     """Generate from ``prompt`` with a ``.pte``, yielding a :class:`GenerationResponse` per token.
 
@@ -148,6 +182,13 @@ def stream_generate(
     which also answers without images. ``sampling`` defaults to greedy. ``threads`` sizes the threadpool the
     file runs on (default: ExecuTorch's, the performance cores); ``ignore_eos`` goes on past end tokens to
     ``max_new_tokens`` (for timing, as ``hub-export bench`` does). Bad arguments raise before the model is loaded.
+
+    ``lookup`` (n-grams of the prompt and the text so far) or ``draft`` (a cheaper ``.pte`` with the same
+    tokenizer, or the name of a variant beside ``pte_path`` such as ``"8da4w"``) proposes tokens that the
+    file scores several at a time (speculative decoding, :mod:`hub_export.tasks.text_generation.speculative`;
+    the file needs ``--speculative``). Greedy output is the file's own choice at every position; in a quantized
+    file, scoring a chunk rounds differently than one token, so at a near tie the text can part from plain
+    decoding's (``docs/speculative.md``).
 
     Example:
         >>> for response in stream_generate("out/model-8da4w.pte", "out", "Once upon a time", max_new_tokens=32):
@@ -169,8 +210,16 @@ def stream_generate(
     if threads is not None and threads < 1:
         raise InputError(f"{opt('threads')} must be at least 1", param="threads")
     tokenizer, chat = _check_arguments(Path(tokenizer_dir), max_new_tokens, sampling, chat, system)
-    model = PteModel(pte_path)
+    if draft is not None and lookup:
+        raise InputError(f"choose one drafter: {opt('draft')} or {opt('lookup')}", param="draft")
+    drafted = draft is not None or lookup
+    model = PteModel(pte_path, load=() if drafted else None)
     set_threads(threads)
+    if drafted:
+        ids = _encode_text(tokenizer, Path(tokenizer_dir), prompt, chat, system)
+        yield from _speculative(model, Path(pte_path), draft, ids, images, tokenizer, max_new_tokens, sampling, chat,
+                                set() if ignore_eos else None)  # fmt: skip
+        return
     if "vision_encoder" in model.methods:
         from hub_export.tasks.vision_language.run import GenerationRun  # the file's methods, its prompt layout
 
@@ -182,11 +231,10 @@ def stream_generate(
             raise InputError(f"{Path(pte_path).name} does not take images; {opt('image')} needs a vision-language "
                              "file (see `hub-export archs`)", param="image")  # fmt: skip
         chunk, max_len, eos = _limits(model)
-        if len(ids) >= max_len:
-            raise InputError(f"the prompt is {len(ids)} tokens; this file holds at most {max_len - 1}")
+        _check_prompt_fits(ids, max_len)
 
         def prefill():
-            return _prefill(model, ids, chunk)
+            return _prefill(model.forward, ids, chunk)
 
         def step(token: int, position: int):
             return model.forward(torch.tensor([[token]], dtype=torch.long), start_pos=position)
@@ -195,13 +243,138 @@ def stream_generate(
                        chat)  # fmt: skip
 
 
-def _stream(tokenizer, ids, max_len, eos, prefill, step, max_new_tokens, sampling, chat):
-    """The decoding loop every generating file shares: ``prefill()`` -> (scores, seconds, positions used),
-    ``step(token, position)`` -> the next scores."""
+def _speculative(model, pte_path: Path, draft, ids, images, tokenizer, max_new_tokens, sampling, chat, eos):
+    """:func:`stream_generate` with a drafter: checks, then :func:`_stream_drafted`."""
+    from hub_export.runtime.pte import ROWS_METHOD, PteModel  # the ExecuTorch runtime: only when a file is run
+    from hub_export.tasks.text_generation import speculative  # the drafters and the acceptance rule
+
+    if images or "vision_encoder" in model.methods:
+        raise InputError(f"{opt('draft')} and {opt('lookup')} decode text-generation files, not images", param="draft")
+    if ROWS_METHOD not in model.methods:
+        raise InputError(
+            f"{pte_path.name} scores one token per call; export it with {opt('speculative')} to decode with a drafter",
+            param="draft",
+        )
+    chunk, max_len, file_eos = _limits(model)
+    _check_prompt_fits(ids, max_len)
+    generator = _generator(sampling.seed)
+    if draft is None:
+        drafter, name = speculative.LookupDrafter(), "lookup"
+    else:
+        draft_path = _draft_file(pte_path, draft)
+        draft_model = PteModel(draft_path)
+        _check_same_vocabulary(model, draft_model)
+        drafter, name = speculative.FileDrafter(draft_model, sampling, generator), draft_path.name
+    yield from _stream_drafted(model, drafter, name, tokenizer, ids, (chunk, max_len), file_eos if eos is None else eos,
+                               max_new_tokens, sampling, chat, generator)  # fmt: skip
+
+
+def _generator(seed: int):
+    import torch
+
+    return torch.Generator().manual_seed(seed)
+
+
+def _draft_file(pte_path: Path, draft: str | Path) -> Path:
+    """The draft ``.pte``: a file, or the one variant beside ``pte_path`` whose name holds ``-<draft>``."""
+    given = Path(draft)
+    if given.suffix == ".pte":
+        if not given.is_file():
+            raise InputError(f"no draft file {given.name}", param="draft")
+        return given
+    name = str(draft)
+    matches = sorted(path for path in pte_path.parent.glob("*.pte") if f"-{name}" in path.stem and path != pte_path)
+    if len(matches) != 1:
+        others = ", ".join(path.name for path in pte_path.parent.glob("*.pte") if path != pte_path) or "none"
+        raise InputError(
+            f"{opt('draft')} {name!r} names {'no' if not matches else 'more than one'} file beside {pte_path.name} "
+            f"(there: {others}); pass a variant such as 8da4w or a .pte path",
+            param="draft",
+        )
+    return matches[0]
+
+
+def _check_same_vocabulary(model, draft_model) -> None:
+    for key in ("get_vocab_size", "get_eos_ids", "get_bos_id"):
+        if model.metadata.get(key) != draft_model.metadata.get(key):
+            raise InputError(
+                f"{draft_model.path.name} does not share {model.path.name}'s tokenizer ({key}: "
+                f"{draft_model.metadata.get(key)} vs {model.metadata.get(key)}); a drafter must use the same tokens",
+                param="draft",
+            )
+
+
+# Over 60 lines: one loop, which yields each token of a call as it is accepted and keeps the figures.
+def _stream_drafted(model, drafter, name, tokenizer, ids, limits, eos, max_new_tokens, sampling, chat, generator):
+    """The decoding loop with a drafter: each ``forward_rows`` call feeds the last token and ``k`` proposals;
+    ``limits`` are the file's longest forward and its context (:func:`_limits`)."""
     import torch
     from tokenizers.decoders import DecodeStream
 
-    generator = torch.Generator().manual_seed(sampling.seed)
+    from hub_export.tasks.text_generation import speculative  # the drafters and the acceptance rule
+
+    chunk, max_len = limits
+    max_rows = int(model.metadata.get("get_max_rows", 1))
+    figures = Speculation(name)
+    length = speculative.DraftLength(max_k=max_rows - 1)
+    seen = list(ids)
+    stream = DecodeStream(skip_special_tokens=True)
+    logits, prefill_seconds, _ = _prefill(
+        lambda piece, start: model.forward_rows(piece, start, torch.tensor([piece.shape[1] - 1]))[-1], ids, chunk
+    )  # the last row only: as forward prefills
+    prefill_seconds += drafter.prefill(ids)
+    prompt_tokens, generated = len(ids), 0
+    decode_started = time.perf_counter()
+    new = [sampling.pick(logits, seen, generator)]
+    while True:
+        for token in new:
+            seen.append(token)
+            generated += 1
+            position = len(seen) - 1  # where this token goes in the cache
+            stop = _stop_reason(token in eos, generated >= max_new_tokens, position >= max_len)
+            piece = "" if stop == "eos" else (stream.step(tokenizer, token) or "")
+            yield GenerationResponse(piece, token, prompt_tokens, generated, prefill_seconds,
+                                     time.perf_counter() - decode_started, stop, chat, figures)  # fmt: skip
+            if stop:
+                return
+        room = min(max_len - 1 - position, max_new_tokens - generated, max_rows - 1)
+        step_started = time.perf_counter()
+        proposal, q, offered = _propose(drafter, length, seen, room)
+        call_started = time.perf_counter()
+        rows = model.forward_rows(torch.tensor([[seen[-1], *proposal]]), position, torch.arange(len(proposal) + 1))
+        length.measured(len(proposal) + 1, time.perf_counter() - call_started)
+        new = speculative.accept(rows, proposal, q, sampling, seen, generator)
+        figures.calls += 1
+        figures.proposed += len(proposal)
+        figures.accepted += len(new) - 1
+        if proposal:
+            length.observed(len(proposal), len(new) - 1)
+            length.drafted_step(time.perf_counter() - step_started, len(new))
+        elif offered:  # a lookup proposal not worth sending: still learn whether it would have been right
+            length.observed(1, int(offered[0] == new[0]))
+
+
+def _propose(drafter, length, seen: list[int], room: int):
+    """(proposal, its distributions or None, what a lookup offered): the draft length is chosen first for a
+    drafter whose every token costs a call, after the offer for a lookup (whose offer is free)."""
+    from hub_export.tasks.text_generation.speculative import LookupDrafter  # the drafters
+
+    if room < 1:
+        return [], None, []
+    if isinstance(drafter, LookupDrafter):
+        offered, _ = drafter.propose(seen, room)
+        return offered[: length.choose(len(offered), 0.0)], None, offered
+    k = length.choose(room, drafter.seconds_per_token, probe_idle=True)
+    proposal, q = drafter.propose(seen, k) if k else ([], None)
+    return proposal, q, proposal
+
+
+def _stream(tokenizer, ids, max_len, eos, prefill, step, max_new_tokens, sampling, chat):
+    """The decoding loop every generating file shares: ``prefill()`` -> (scores, seconds, positions used),
+    ``step(token, position)`` -> the next scores."""
+    from tokenizers.decoders import DecodeStream
+
+    generator = _generator(sampling.seed)
     seen = list(ids)
     stream = DecodeStream(skip_special_tokens=True)
     logits, prefill_seconds, position = prefill()
@@ -239,8 +412,9 @@ def _limits(model) -> tuple[int, int, set[int]]:
     return chunk, max_len, set(model.metadata.get("get_eos_ids", []))
 
 
-def _prefill(model, ids: list[int], chunk: int):
-    """(last position's logits, seconds) after running the prompt through ``model``.
+def _prefill(last_logits, ids: list[int], chunk: int):
+    """(last position's logits, seconds, positions used) after running the prompt through ``last_logits(ids
+    [1, n], start_pos)`` (a file's ``forward``, or ``forward_rows`` asked for the last row).
 
     A prompt longer than one forward (a file with an attention sink) is prefilled in chunks.
     """
@@ -248,8 +422,15 @@ def _prefill(model, ids: list[int], chunk: int):
 
     started = time.perf_counter()
     for start in range(0, len(ids), chunk):
-        logits = model.forward(torch.tensor([ids[start : start + chunk]], dtype=torch.long), start_pos=start)
+        logits = last_logits(torch.tensor([ids[start : start + chunk]], dtype=torch.long), start)
     return logits, time.perf_counter() - started, len(ids)
+
+
+def _check_prompt_fits(ids: list[int], max_len: int) -> None:
+    if len(ids) >= max_len:
+        raise InputError(
+            f"the prompt is {len(ids)} tokens; this file holds at most {max_len - 1}", code="prompt_too_long"
+        )
 
 
 def _check_arguments(tokenizer_dir: Path, max_new_tokens: int, sampling: Sampling, chat: bool | None, system):
