@@ -45,6 +45,10 @@ SECTIONS = {
     "bench-embeddings": "minilm-embeddings",
     "bench-vlm": "vlm-smolvlm-shaped",
     "bench-scale": "scale",
+    "bench-speculative": "speculative",
+    "bench-speculative-8da4w": "speculative-8da4w",
+    "speculative-rows": "speculative-rows",
+    "speculative-rows-1-7b": "speculative-rows-1.7b",
 }
 # docs/img/<name> <- benchmarks/results/<name>
 IMAGES = ("quant-recipes.png", "scale.png")
