@@ -191,15 +191,41 @@ XNNPACK_THREADS = Patch(
 )
 
 
+# Set once this process has loaded a program: XNNPACK keeps the threadpool it found then, so resizing the pool
+# afterwards frees it under XNNPACK (a crash or a deadlock in the next run, not an error).
+_POOL_TAKEN = False
+
+
+def pool_taken() -> None:
+    """Record that a program is loaded in this process: the threadpool's size is fixed from now on."""
+    global _POOL_TAKEN
+    _POOL_TAKEN = True
+
+
 def set_threads(threads: int | None) -> int | None:
     """Size the threadpool the ``.pte`` files of this process run on (None: leave it); returns the size in use, or
-    None where this ExecuTorch cannot say."""
+    None where this ExecuTorch cannot say.
+
+    Raises:
+        InputError: a different size is asked for after a file has run in this process.
+    """
     if not XNNPACK_THREADS.applies():
         return None
     from executorch.extension.pybindings import portable_lib
 
-    if threads is not None:
-        portable_lib._unsafe_reset_threadpool(int(threads))
+    in_use = int(portable_lib._threadpool_get_thread_count())
+    if threads is None or int(threads) == in_use:
+        return in_use
+    if _POOL_TAKEN:
+        from hub_export.errors import InputError  # local: this file imports no sibling at load time
+
+        raise InputError(
+            f"this process already runs its files on {in_use} threads and ExecuTorch cannot resize its threadpool "
+            f"once a file has run: pass threads={in_use}, or run in a new process "
+            f"(`hub-export generate --threads {int(threads)}` starts one)",
+            param="threads",
+        )
+    portable_lib._unsafe_reset_threadpool(int(threads))
     return int(portable_lib._threadpool_get_thread_count())
 
 

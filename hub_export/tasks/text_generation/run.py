@@ -213,8 +213,8 @@ def stream_generate(
     if draft is not None and lookup:
         raise InputError(f"choose one drafter: {opt('draft')} or {opt('lookup')}", param="draft")
     drafted = draft is not None or lookup
+    set_threads(threads)  # before the file loads: XNNPACK keeps the pool it finds then
     model = PteModel(pte_path, load=() if drafted else None)
-    set_threads(threads)
     if drafted:
         ids = _encode_text(tokenizer, Path(tokenizer_dir), prompt, chat, system)
         yield from _speculative(model, Path(pte_path), draft, ids, images, tokenizer, max_new_tokens, sampling, chat,
