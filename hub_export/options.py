@@ -251,6 +251,13 @@ class ExportOptions:
         help="A PEFT LoRA adapter (folder or Hub id) to merge into SOURCE before exporting; an adapter given as "
         "SOURCE is merged into the base its config names.",
     )
+    lora_files: bool = _option(
+        False,
+        "--lora-files",
+        help="For a LoRA adapter: keep it apart from the base instead of merging it. Each variant becomes the base's "
+        "weights in base-QMODE.ptd (byte-identical for every adapter of that base: ship it once) and the program "
+        "with the adapter's fp32 factors in model-QMODE.pte (a few MB).",
+    )
     license: str | None = _option(
         None,
         "--license",
@@ -303,6 +310,9 @@ class ExportOptions:
                     f"table){'; drop ' + ', '.join(others) if others else ''}",
                     param="share_embeddings",
                 )
+        if self.lora_files and self.share_embeddings:
+            raise InputError(f"{opt('lora_files')} writes the base's weights to their own .ptd; drop "
+                             f"{opt('share_embeddings')}", param="lora_files")  # fmt: skip
         quantize.validate(list(self.qmodes), self.qembedding, self.group_size)
         if self.qmode_encoder is not None and self.qmode_encoder not in quantize.QMODES:
             raise InputError(

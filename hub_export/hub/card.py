@@ -359,6 +359,7 @@ def _adapter_view(adapter: Any, endpoint: str | None) -> dict[str, Any] | None:
         "targets": ", ".join(t for t in targets if isinstance(t, str)) if isinstance(targets, list) else "",
         "dora": adapter.get("use_dora") is True,
         "rslora": adapter.get("use_rslora") is True,
+        "separate": adapter.get("separate_files") is True,
         "max_logit_diff": number(merge.get("max_logit_diff_vs_peft")),
         "top1_changed": number(merge.get("top1_changed_vs_base")),
         "summary": adapter["summary"][:400] if isinstance(adapter.get("summary"), str) else None,

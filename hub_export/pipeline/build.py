@@ -18,7 +18,7 @@ from typing import TYPE_CHECKING, Any
 from hub_export.errors import VerificationError
 from hub_export.options import variant_filename
 from hub_export.patches import release_memory
-from hub_export.pipeline import quantize, streaming
+from hub_export.pipeline import lora_files, quantize, streaming
 from hub_export.pipeline import source as source_stage
 from hub_export.pipeline.lower import is_dynamic, runner_metadata, to_pte
 from hub_export.pipeline.manifest import Variant, sha256_file
@@ -271,7 +271,7 @@ def _variant_record(
 ) -> Variant:
     """The manifest's record of the variant just written to ``path`` (with its ``.ptd``, if any)."""
     opts, mode = run.options, quantize.QMODES[qmode]
-    data_path = path.with_suffix(".ptd") if opts.share_embeddings else None
+    data_path = _data_path(path, opts)
     delegation = delegation_record(inspect_pte(path))
     return Variant(
         file=path.name, qmode=qmode, qembedding=opts.qembedding, group_size=opts.group_size if mode.grouped else None,
@@ -316,6 +316,8 @@ def _quantized_copy(
         fallback = quantize.quantize_model(
             model, qmode, opts.qembedding, opts.group_size, opts.share_embeddings, recipe
         )
+    if opts.lora_files:  # the base quantized as its own export is; the adapter's factors stay fp32 beside it
+        lora_files.attach_lora(model, run.src.lora[0])
     expected = expect(model) if run.reference is not None else None
     if last and shared_fraction(model, run.model) < 0.1:
         # No later variant needs the fp32 weights: free them before lowering. The
@@ -353,16 +355,24 @@ def _lower(run: RunState, model, name: str):
     del wrapped
     run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)", "lower", name)
     path = run.workdir / name
-    data_path = path.with_suffix(".ptd") if opts.share_embeddings else None
     partitions = iter(range(1, 1 << 30))
     to_pte(
         program,
         metadata,
         path,
-        data_path,
+        _data_path(path, opts),
         on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name),
+        kept=lora_files.is_adapter_weight if opts.lora_files else None,
     )
     return path, metadata, layout
+
+
+def _data_path(path: Path, options: ExportOptions) -> Path | None:
+    """The ``.ptd`` a variant's weights go to: the base's shared file (``--lora-files``), the variant's own
+    (``--share-embeddings``), or none (every weight in the ``.pte``)."""
+    if options.lora_files:
+        return path.with_name(lora_files.base_data_name(path.name))
+    return path.with_suffix(".ptd") if options.share_embeddings else None
 
 
 def judge_kind(kind: str, kv_cache: str) -> str:

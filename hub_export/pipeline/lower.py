@@ -112,20 +112,22 @@ def partitioner():
     return XnnpackPartitioner(configs=xnnpack_partitioner_configs())
 
 
-def _tag_weights_external(tag: str):
-    """A transform pass that sends XNNPACK's weights to the data file named ``tag``."""
+def _tag_weights_external(tag: str, kept: Callable[[str], bool] | None = None):
+    """A transform pass that sends XNNPACK's weights to the data file named ``tag`` (but those ``kept(name)``)."""
     from torch.fx.passes.infra.pass_base import PassResult
 
     def tag_weights(graph_module: torch.fx.GraphModule) -> PassResult:
         for node in graph_module.graph.nodes:
-            if node.op == "placeholder" and node.name not in ("input_ids", "cache_position", "rows"):
+            if node.op != "placeholder" or node.name in ("input_ids", "cache_position", "rows"):
+                continue
+            if kept is None or not kept(node.name):
                 node.meta.setdefault("custom", {})["delegate_constant_tag"] = tag
         return PassResult(graph_module, True)
 
     return tag_weights
 
 
-def backend_config(tag: str | None = None, methods: int = 1):
+def backend_config(tag: str | None = None, methods: int = 1, kept: Callable[[str], bool] | None = None):
     """How every ``.pte`` is serialized: delegate blobs in segments, inputs not copied into planned memory
     (``alloc_graph_input=False``), quantized-weight patterns folded; with ``tag``, every weight into that data file.
 
@@ -141,7 +143,7 @@ def backend_config(tag: str | None = None, methods: int = 1):
         extract_delegate_segments=True,
         memory_planning_pass=MemoryPlanningPass(alloc_graph_input=False, share_mutable_buffers=methods > 1),
         do_quant_fusion_and_const_prop=True,
-        external_constants=(lambda node: tag) if tag else False,
+        external_constants=(lambda node: None if kept and kept(node.name) else tag) if tag else False,
     )
 
 
@@ -151,6 +153,7 @@ def to_pte(
     path: Path,
     data_path: Path | None = None,
     on_partition: Callable[[], None] | None = None,
+    kept: Callable[[str], bool] | None = None,
 ) -> int:
     """Partition to XNNPACK, plan memory and write the ``.pte`` to ``path``; returns its size.
 
@@ -165,7 +168,8 @@ def to_pte(
     With ``data_path`` (a ``.ptd`` next to ``path``) every weight, the program's and
     XNNPACK's alike, goes to that data file, where ExecuTorch stores byte-identical
     buffers once: a tied embedding table and an output projection quantized the same
-    way are kept once (``benchmarks/shared_embedding.py``).
+    way are kept once (``benchmarks/shared_embedding.py``). Weights whose names ``kept(name)`` accepts stay in
+    the ``.pte`` (an adapter's factors, over a base's data file).
     """
     if data_path is not None and data_path.parent != path.parent:
         raise ValueError("the data file must sit next to the .pte")
@@ -188,13 +192,13 @@ def to_pte(
         several = isinstance(program, dict)
         edge = to_edge_transform_and_lower(
             ready if several else ready["forward"],
-            transform_passes=[_tag_weights_external(tag)] if tag else None,
+            transform_passes=[_tag_weights_external(tag, kept)] if tag else None,
             partitioner={name: [each] for name, each in partitioners.items()} if several else [partitioners["forward"]],
             compile_config=edge_compile_config(),
             constant_methods=metadata,
         )
         stack.close()
-        executorch_program = edge.to_executorch(backend_config(tag, methods=len(programs)))
+        executorch_program = edge.to_executorch(backend_config(tag, methods=len(programs), kept=kept))
         del edge, ready
         with open(path, "wb") as handle:
             executorch_program.write_to_file(handle)

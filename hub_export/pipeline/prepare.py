@@ -10,6 +10,7 @@ in which case the result travels without the model and with the few small files
 
 from __future__ import annotations
 
+import contextlib
 import logging
 from collections.abc import Callable
 from dataclasses import dataclass, field, replace
@@ -105,7 +106,7 @@ class ConfigView:
         return self._data.get(name)
 
 
-def _source_record(src: source_stage.Source, model, task: tasks.Task) -> dict:
+def _source_record(src: source_stage.Source, model, task: tasks.Task, lora_files: bool = False) -> dict:
     record = {
         "task": task.name,
         "id": src.name,
@@ -118,7 +119,8 @@ def _source_record(src: source_stage.Source, model, task: tasks.Task) -> dict:
     if src.gguf:
         record["gguf"] = dict(src.gguf)
     if src.adapter:
-        record["adapter"] = dict(src.adapter)
+        # kept apart (--lora-files): the merge is only what the card's tokenizer and config came from
+        record["adapter"] = {**src.adapter, "separate_files": True} if lora_files else dict(src.adapter)
     record["fingerprint"] = source_stage.fingerprint(src)
     record["chat_template"] = chat_template(src.path) is not None
     if task.module is not None:
@@ -262,17 +264,18 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
         return Prepared(src, seq_len, _source_record(src, layerwise.model, task), _fp32_bytes(layerwise.model), files,
                         reference, None, int4_rounding, streamed=True)  # fmt: skip
     say(f"loading {src.name} ({src.model_type}, {task.name})", "load")
-    model = load_model(src.path, options.trust_remote_code, task)
+    model = load_model(_weights_folder(src, options), options.trust_remote_code, task)
     reference = None
     if options.verify:
         say(f"computing the fp32 eager reference ({_REFERENCE_WORDS[task.name](options)})", "reference")
         make_reference = _text_reference if task.module is None else _encoder_reference
-        reference = make_reference(model, src, seq_len, options)
+        with _adapter_applied(model, src, options):
+            reference = make_reference(model, src, seq_len, options)
     mixed_plan, int4_rounding = _calibrate(model, src, task, options, say, seq_len)
     return Prepared(
         src=src,
         max_seq_len=seq_len,
-        record=_source_record(src, model, task),
+        record=_source_record(src, model, task, options.lora_files),
         weight_bytes=_fp32_bytes(model),
         files=files,
         reference=reference,
@@ -280,6 +283,36 @@ def prepare(request: SourceRequest, say: Say) -> Prepared:
         int4_rounding=int4_rounding,
         model=model,
     )
+
+
+def _weights_folder(src: source_stage.Source, options: ExportOptions) -> Path:
+    """Where the weights to quantize are: the base's own with ``--lora-files`` (the adapter stays apart, so every
+    adapter of a base writes the same base file), else the source's (a merged adapter's merged folder)."""
+    if not options.lora_files:
+        return src.path
+    if src.lora is None:
+        raise InputError(f"{opt('lora_files')} keeps a LoRA adapter apart from its base; the source is not an "
+                         f"adapter: pass an adapter folder or Hub id, or {opt('adapter')} beside the base")  # fmt: skip
+    from hub_export.pipeline.lora_files import check_separable  # torch-heavy: loaded by the run
+
+    check_separable(src.lora[0])
+    return src.lora[1]
+
+
+@contextlib.contextmanager
+def _adapter_applied(model, src: source_stage.Source, options: ExportOptions):
+    """With ``--lora-files``, the base ``model`` with the adapter attached while the reference is computed: every
+    variant is checked against the model PEFT would run."""
+    if not options.lora_files:
+        yield
+        return
+    from hub_export.pipeline.lora_files import attach_lora, detach_lora  # torch-heavy: loaded by the run
+
+    attached = attach_lora(model, src.lora[0])
+    try:
+        yield
+    finally:
+        detach_lora(attached)
 
 
 def _fp32_bytes(model) -> int:

@@ -60,6 +60,8 @@ class Source:
     config: dict = field(default_factory=dict)
     gguf: dict | None = None  # the GGUF the weights came from (file, sha256, quantization), if any
     adapter: dict | None = None  # the LoRA adapter merged into the base, and what the merge measured
+    # For an adapter: the adapter and its base's own folder (what --lora-files quantizes without the adapter).
+    lora: tuple[adapter_stage.Adapter, Path] | None = None
 
     @property
     def model_type(self) -> str:
@@ -395,4 +397,4 @@ def _resolve_adapter(source: str, adapter: str | None, base_model: str | None, r
     record = {**lora.record(), "base": base_src.name, "base_revision": base_src.revision,
               "base_local": base_src.is_local, "merge": measured}  # fmt: skip
     return Source(folder, lora.name, lora.revision, lora.revision is None, _read_config(folder, lora.name),
-                  adapter=record)  # fmt: skip
+                  adapter=record, lora=(lora, base_src.path))  # fmt: skip

@@ -46,6 +46,7 @@ def streams(options: ExportOptions, task: tasks.Task) -> bool:
     return (
         task is tasks.TEXT_GENERATION
         and not options.trust_remote_code
+        and not options.lora_files  # the adapter is attached to the loaded base, module by module
         and not any(quantize.QMODES[mode].calibrated for mode in options.qmodes)
     )
 

@@ -18,6 +18,7 @@ from pathlib import Path
 import torch
 
 from hub_export.errors import InputError, VerificationError, first_line
+from hub_export.patches import pool_taken
 from hub_export.runtime.process_env import pte_process_env
 
 # The method of a text file that returns the logits of chosen chunk positions (speculative decoding).
@@ -186,6 +187,7 @@ def _open_program(path: Path, data_path: str | Path | None, load: tuple[str, ...
     """
     from executorch.runtime import Runtime
 
+    pool_taken()
     try:
         with quiet_native_output():
             program = Runtime.get().load_program(str(path), data_path=str(data_path) if data_path else None)
@@ -361,9 +363,13 @@ def _wait(pid: int, timeout: float) -> int | None:
 
 
 def data_file_of(pte: Path) -> Path | None:
-    """The ``.ptd`` data file exported next to ``pte`` (``--share-embeddings``), if any."""
-    candidate = Path(pte).with_suffix(".ptd")
-    return candidate if candidate.is_file() else None
+    """The ``.ptd`` data file exported next to ``pte``, if any: ``X.ptd`` beside ``X.pte`` (``--share-embeddings``),
+    else the base's weights an adapter's ``model-Q.pte`` runs over, ``base-Q.ptd`` (``--lora-files``)."""
+    pte = Path(pte)
+    candidates = [pte.with_suffix(".ptd")]
+    if pte.stem.startswith("model-"):
+        candidates.append(pte.with_name("base-" + pte.stem.removeprefix("model-") + ".ptd"))
+    return next((candidate for candidate in candidates if candidate.is_file()), None)
 
 
 RUNNER_PROBE = Path(__file__).with_name("runner_probe.py")
