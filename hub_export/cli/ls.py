@@ -42,10 +42,12 @@ def ls_command(
         )
     common.out.print(table)
     for variant in manifest.variants:
-        line = variant_facts(variant)["lookup"]
-        if line:
+        facts = variant_facts(variant)
+        if facts["adapter_files"]:
+            common.out.print(f"{escape(variant.file)}: {escape(facts['adapter_files'])}")
+        if facts["lookup"]:
             common.out.print(
-                f"[dim]{escape(variant.file)}: several tokens per step with --lookup: {escape(line)}[/dim]"
+                f"[dim]{escape(variant.file)}: several tokens per step with --lookup: {escape(facts['lookup'])}[/dim]"
             )
     qualities = [v.verification.quality for v in manifest.variants if v.verification.quality is not None]
     if qualities:

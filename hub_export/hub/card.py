@@ -93,8 +93,14 @@ def card_metadata(manifest: Manifest, source_card_data: Mapping[str, Any] | None
     base = base_model(manifest)
     if base:
         data["base_model"] = base
-        # A merged LoRA adapter changed the base's weights: the files are a fine-tune of it (quantized).
-        data["base_model_relation"] = "finetune" if isinstance(source.get("adapter"), Mapping) else "quantized"
+        # A merged LoRA adapter changed the base's weights: the files are a fine-tune of it (quantized). Adapters
+        # kept apart are what the Hub calls adapters of the base: small files that need the base's beside them.
+        adapter = source.get("adapter")
+        data["base_model_relation"] = (
+            ("adapter" if adapter.get("separate_files") is True else "finetune")
+            if isinstance(adapter, Mapping)
+            else "quantized"
+        )
     data["library_name"] = "executorch"
     data["pipeline_tag"] = task_of(manifest).pipeline_tag
     data.update(_terms(source, source_card_data if source_card_data is not None else source.get("card_data")))
@@ -174,6 +180,16 @@ def _lookup_line(variant: Variant) -> str | None:
     return f"{grounded:.2f}x on prompts that quote or rework their input, {chat:.2f}x on open chat"
 
 
+def _adapter_files_line(variant: Variant) -> str | None:
+    """What a device needs for a ``--lora-files`` program: "adapter tone-a: this file (2.1 MB) + base-8da4w.ptd
+    (104 MB, the same for every adapter of the base)", or None."""
+    adapter = variant.adapter
+    if not isinstance(adapter, Mapping) or not variant.data_file or variant.data_size_bytes is None:
+        return None
+    return (f"adapter {adapter.get('id')}: this file ({human_size(variant.size_bytes)}) + {variant.data_file} "
+            f"({human_size(variant.data_size_bytes)}, the same for every adapter of the base)")  # fmt: skip
+
+
 def variant_facts(variant: Variant) -> dict[str, Any]:
     """A variant's facts as displayed text: the one wording of the card, ``hub-export ls`` and the Space's table."""
     check = variant.verification
@@ -207,6 +223,7 @@ def variant_facts(variant: Variant) -> dict[str, Any]:
         "speed_threads": check.runner_threads if check.speed("decode") and check.runner_threads else None,
         "int4_scales": (variant.recipe or {}).get("int4_scales"),
         "lookup": _lookup_line(variant),
+        "adapter_files": _adapter_files_line(variant),
         "mixed": _mixed_line(variant),
         "rounding": _rounding_line(variant),
         **memory_facts(variant),

@@ -150,7 +150,8 @@ def push(
 
     api = HfApi(endpoint=endpoint, token=token if token else False)
     repo_id = target_repo_for(api, repo_id, source_name or Path(source or ".").resolve().name, token, endpoint)
-    remote = _checked_remote(api, repo_id, branch, exist_ok, source_name, endpoint, say)
+    apart = options.lora_files or _adapters_apart(local)
+    remote = _checked_remote(api, repo_id, branch, exist_ok, None if apart else source_name, endpoint, say)
     if remote.manifest is not None and from_dir is None and not force and not dry_run:
         built = _already_built(remote.manifest, source, options, token, endpoint)
         if len(built) == len(options.qmodes):
@@ -234,8 +235,8 @@ def _checked_remote(
             repo_id=repo_id,
             code="foreign_repo",
         )
-    if remote.manifest is not None:
-        check_same_source(remote.manifest, source_name)  # before an export is wasted
+    if remote.manifest is not None and not (source_name is None and _adapters_apart(remote.manifest)):
+        check_same_source(remote.manifest, source_name)  # before an export is wasted (an adapter's base: after it)
     return remote
 
 
@@ -405,6 +406,31 @@ def _hub_source_card(repo_id: str, revision: str | None, token, endpoint: str) -
     return source_card_module.read_source_card(path)
 
 
+def _adapters_apart(manifest: Manifest | None) -> bool:
+    """Whether ``manifest`` is of adapter files kept apart from their base (``--lora-files``)."""
+    adapter = manifest.source.get("adapter") if manifest is not None else None
+    return isinstance(adapter, dict) and adapter.get("separate_files") is True
+
+
+def _check_same_base(remote: Manifest, local: Manifest) -> None:
+    """Adapters kept apart share a repo when they run over the same base files, byte for byte."""
+    theirs, ours = remote.source["adapter"], local.source["adapter"]
+    if (theirs.get("base"), theirs.get("base_revision")) != (ours.get("base"), ours.get("base_revision")):
+        raise InputError(
+            f"the repo holds adapters of {theirs.get('base')!r}, not of {ours.get('base')!r}",
+            hint="push to another repo", param="repo_id", code="other_source",
+        )  # fmt: skip
+    held = {v.data_file: v.data_sha256 for v in remote.variants if v.data_file}
+    for variant in local.variants:
+        if variant.data_file in held and held[variant.data_file] != variant.data_sha256:
+            raise InputError(
+                f"this export's {variant.data_file} differs from the one the repo's adapters run over (another base "
+                "revision, or other options)",
+                hint="export with the options the repo's files were made with, or push to another repo",
+                param="repo_id", code="other_source",
+            )  # fmt: skip
+
+
 def check_same_source(remote: Manifest, source_id: str | None) -> None:
     """One repo, one source model: variants of another model would share its tokenizer and card."""
     if remote.source.get("id") != source_id:
@@ -420,7 +446,10 @@ def _merge(remote: Manifest | None, local: Manifest) -> Manifest:
     """The manifest the repo will hold: remote variants kept, local ones added or replacing."""
     if remote is None:
         return local
-    check_same_source(remote, local.source.get("id"))
+    if _adapters_apart(remote) and _adapters_apart(local):
+        _check_same_base(remote, local)  # several adapters of one base: each brings its own program files
+    else:
+        check_same_source(remote, local.source.get("id"))
     merged = remote.merge(local)
     if "card_data" not in merged.source and remote.source.get("card_data"):
         merged.source = {**merged.source, "card_data": remote.source["card_data"]}

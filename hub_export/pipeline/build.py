@@ -204,6 +204,8 @@ def lower_text_variant(run: RunState, qmode: str, last: bool) -> LoweredText:
     must reproduce. A worker process can do this part alone and leave the checks to the parent, so that the
     memory the lowering leaves behind in its allocator is returned before the file is loaded to be verified."""
     name = variant_filename(qmode, run.options.qembedding)
+    if run.options.lora_files:
+        name = lora_files.program_name(run.src.lora[0].name, name)
     mode = quantize.QMODES[qmode]
     started = time.perf_counter()
     plan = run.mixed_plan if mode.calibrated else None
@@ -211,7 +213,7 @@ def lower_text_variant(run: RunState, qmode: str, last: bool) -> LoweredText:
         run, qmode, name, plan, last, lambda quantized: expected_logits(quantized, run.reference)
     )
     release_memory()
-    path, metadata, layout = _lower(run, model, name)
+    path, metadata, layout = _lower(run, model, name, qmode)
     del model
     if last:
         run.model = None
@@ -271,7 +273,7 @@ def _variant_record(
 ) -> Variant:
     """The manifest's record of the variant just written to ``path`` (with its ``.ptd``, if any)."""
     opts, mode = run.options, quantize.QMODES[qmode]
-    data_path = _data_path(path, opts)
+    data_path = _data_path(path, opts, qmode)
     delegation = delegation_record(inspect_pte(path))
     return Variant(
         file=path.name, qmode=qmode, qembedding=opts.qembedding, group_size=opts.group_size if mode.grouped else None,
@@ -281,6 +283,7 @@ def _variant_record(
         data_size_bytes=data_path.stat().st_size if data_path else None,
         data_sha256=sha256_file(data_path) if data_path else None,
         recipe=_recipe_record(mode, opts, plan, run.int4_rounding), asked=opts.variant_settings(), delegation=delegation,
+        adapter=lora_files.variant_record(run.src.lora[0]) if opts.lora_files else None,
     )  # fmt: skip
 
 
@@ -329,7 +332,7 @@ def _quantized_copy(
     return model, fallback, expected
 
 
-def _lower(run: RunState, model, name: str):
+def _lower(run: RunState, model, name: str, qmode: str):
     """Export ``model`` with its KV cache and lower it to ``name`` in the staging folder: (path, metadata, layout)."""
     opts = run.options
     run.say(
@@ -360,18 +363,18 @@ def _lower(run: RunState, model, name: str):
         program,
         metadata,
         path,
-        _data_path(path, opts),
+        _data_path(path, opts, qmode),
         on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name),
         kept=lora_files.is_adapter_weight if opts.lora_files else None,
     )
     return path, metadata, layout
 
 
-def _data_path(path: Path, options: ExportOptions) -> Path | None:
+def _data_path(path: Path, options: ExportOptions, qmode: str) -> Path | None:
     """The ``.ptd`` a variant's weights go to: the base's shared file (``--lora-files``), the variant's own
     (``--share-embeddings``), or none (every weight in the ``.pte``)."""
     if options.lora_files:
-        return path.with_name(lora_files.base_data_name(path.name))
+        return path.with_name(lora_files.base_data_name(variant_filename(qmode, options.qembedding)))
     return path.with_suffix(".ptd") if options.share_embeddings else None
 
 

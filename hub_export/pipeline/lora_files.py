@@ -3,13 +3,13 @@
 With ``--lora-files`` each variant is two files. The base's weights, quantized exactly as the
 base's own export would be (GPTQ calibrated on the base, not on the adapted model), go to
 ``base-QMODE.ptd``; the program and the adapter's low-rank factors (fp32, unquantized, as
-ExecuTorch's own LoRA export keeps them) go to ``model-QMODE.pte``. Because XNNPACK names each
+ExecuTorch's own LoRA export keeps them) go to ``lora-ADAPTER-QMODE.pte``. Because XNNPACK names each
 weight in a data file by the sha256 of its bytes, every adapter of one base writes a
 byte-identical ``.ptd``: an app ships the base once and each adapter as a file of a few MB.
 
 ExecuTorch's ``export_llm`` puts the adapter's weights in a ``.ptd`` of their own; here they
 ride in the program's file, because ExecuTorch 1.5's Python runtime and ``TextLLMRunner``
-take one data file. A device needs ``model-QMODE.pte`` + ``base-QMODE.ptd`` either way.
+take one data file. A device needs ``lora-ADAPTER-QMODE.pte`` + ``base-QMODE.ptd`` either way.
 
 Example:
     >>> attached = attach_lora(model, adapter)  # model: the base, quantized or not
@@ -20,6 +20,7 @@ Example:
 from __future__ import annotations
 
 import math
+import re
 from dataclasses import dataclass
 from pathlib import Path
 
@@ -129,6 +130,23 @@ def is_adapter_weight(name: str) -> bool:
     return LORA_MARK in name.lower()
 
 
-def base_data_name(pte_name: str) -> str:
+def slug(adapter_name: str) -> str:
+    """A file-name-safe short name of an adapter: ``my-support-lora`` for ``alice/My_Support.LoRA``."""
+    words = re.findall(r"[a-z0-9]+", adapter_name.rsplit("/", 1)[-1].lower())
+    return "-".join(words)[:48].strip("-") or "adapter"
+
+
+def program_name(adapter_name: str, variant_name: str) -> str:
+    """``lora-my-adapter-8da4w-emb8w.pte`` for ``model-8da4w-emb8w.pte``: each adapter's program has its own name,
+    so the adapters of one base sit side by side in one repo."""
+    return f"lora-{slug(adapter_name)}-" + variant_name.removeprefix("model-")
+
+
+def base_data_name(variant_name: str) -> str:
     """``base-8da4w-emb8w.ptd`` for ``model-8da4w-emb8w.pte``: the data file every adapter of one base shares."""
-    return "base-" + Path(pte_name).stem.removeprefix("model-") + ".ptd"
+    return "base-" + Path(variant_name).stem.removeprefix("model-") + ".ptd"
+
+
+def variant_record(adapter: Adapter) -> dict:
+    """What a variant's manifest entry says of the adapter it carries (a repo may hold several)."""
+    return {"id": adapter.name, "sha256": adapter.sha256, "base": adapter.base}

@@ -26,6 +26,8 @@ MANIFEST_NAME = "manifest.json"
 # A variant's files are joined to the user's folder on pull: plain names only, never a path.
 FILE_NAME = re.compile(r"[A-Za-z0-9][A-Za-z0-9._+-]{0,190}")
 SHA256 = re.compile(r"[0-9a-f]{64}")
+# An adapter or base named in a manifest (shown on cards): a Hub id, a folder name or a path, nothing markup.
+ADAPTER_NAME = re.compile(r"[A-Za-z0-9./_~][A-Za-z0-9._/~+-]{0,199}")
 MAX_FILE_BYTES = 10**12  # 1 TB: far above any .pte, far below what breaks arithmetic
 VERSIONED_PACKAGES = ("torch", "executorch", "torchao", "transformers", "hub-export")
 
@@ -64,6 +66,8 @@ class Variant:
     # A --speculative file: rows forward_rows returns at most, and prompt lookup's decode speed-up over plain
     # decoding measured at export on shipped prompts (hub_export.tasks.text_generation.bench.bench_drafted).
     speculative: dict[str, Any] | None = None
+    # A --lora-files program: the adapter it carries ({"id", "sha256", "base"}), over the base's data_file.
+    adapter: dict[str, Any] | None = None
 
     def built_as(self, qmode: str, options: ExportOptions) -> bool:
         """Whether this variant is what ``options`` would build as ``qmode`` now, verified.
@@ -264,6 +268,21 @@ def check_variant(where: str, index: int, data: Any) -> None:
     _check_asked(where, f"{what}.asked", data.get("asked"))
     _check_delegation(where, f"{what}.delegation", data.get("delegation"))
     _check_speculative(where, f"{what}.speculative", data.get("speculative"))
+    _check_variant_adapter(where, f"{what}.adapter", data.get("adapter"))
+
+
+def _check_variant_adapter(where: str, what: str, record: Any) -> None:
+    """``id`` (a repo id or folder name), ``sha256`` and ``base`` (the same, or null) only."""
+    if record is None:
+        return
+    _check_type(where, what, record, dict, "an object")
+    if set(record) != {"id", "sha256", "base"}:
+        raise _bad(where, what, "does not hold exactly id, sha256 and base")
+    for name in ("id", "base"):
+        value = record[name]
+        if not (value is None and name == "base") and not (isinstance(value, str) and ADAPTER_NAME.fullmatch(value)):
+            raise _bad(where, f"{what}.{name}", f"is {repr(value)[:40]}, not a repo id or folder name")
+    _check_sha256(where, f"{what}.sha256", record["sha256"])
 
 
 _SPECULATIVE_FIGURES = ("grounded_speedup", "chat_speedup", "grounded_acceptance", "chat_acceptance")

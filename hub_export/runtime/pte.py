@@ -364,11 +364,13 @@ def _wait(pid: int, timeout: float) -> int | None:
 
 def data_file_of(pte: Path) -> Path | None:
     """The ``.ptd`` data file exported next to ``pte``, if any: ``X.ptd`` beside ``X.pte`` (``--share-embeddings``),
-    else the base's weights an adapter's ``model-Q.pte`` runs over, ``base-Q.ptd`` (``--lora-files``)."""
+    else the base's weights an adapter's ``lora-NAME-Q.pte`` runs over, ``base-Q.ptd`` (``--lora-files``): the
+    longest ``Q`` (a qmode, maybe with its embedding part) that has such a file."""
     pte = Path(pte)
     candidates = [pte.with_suffix(".ptd")]
-    if pte.stem.startswith("model-"):
-        candidates.append(pte.with_name("base-" + pte.stem.removeprefix("model-") + ".ptd"))
+    if pte.stem.startswith("lora-"):
+        words = pte.stem.split("-")
+        candidates += [pte.with_name("base-" + "-".join(words[start:]) + ".ptd") for start in range(2, len(words))]
     return next((candidate for candidate in candidates if candidate.is_file()), None)
 
 
