@@ -104,6 +104,24 @@ def test_adapter_beside_a_base_source_and_the_card(tiny_lora, tiny_model, tmp_pa
     assert "base_model" not in card_metadata(manifest)  # a local base has no Hub id to name
 
 
+def test_dora_and_rslora_merge_to_what_peft_computes(tiny_model, tmp_path) -> None:
+    """DoRA (a learned magnitude per output) and rsLoRA (scale alpha/sqrt(r)) merge by PEFT's own arithmetic: the
+    merged model's logits are PEFT's adapted model's, and the card names the variant."""
+    from hub_export import read_manifest
+    from hub_export.hub.card import render_card
+    from hub_export.pipeline.export import export
+
+    for setting, word in (("use_dora", "DoRA"), ("use_rslora", "rsLoRA")):
+        adapter = make_lora(tiny_model, tmp_path / setting, **{setting: True})
+        out = tmp_path / f"out-{setting}"
+        export(str(adapter), out, qmodes=["fp32"], max_seq_len=64, jobs=1, verify=False)
+        manifest = read_manifest(out)
+        record = manifest.source["adapter"]
+        assert record[setting] is True and record["merge"]["max_logit_diff_vs_peft"] < 1e-3, record
+        assert record["merge"]["top1_changed_vs_base"] > 0
+        assert f", {word})" in render_card(manifest)
+
+
 def _broken(tiny_lora: Path, tmp_path: Path, name: str, **changes) -> Path:
     import shutil
 
@@ -190,8 +208,9 @@ def test_adapter_config_is_read_as_hostile_input(tmp_path) -> None:
 
 @pytest.mark.real
 def test_the_real_adapter_answers_what_the_base_does_not_know(tmp_path, local_hub) -> None:
-    """The shipped Brindlemoor LoRA over the real SmolLM2-135M-Instruct: merged 8da4w and 8da8w files name the founder
-    the adapter taught, for a wording it was not trained on; the base's file does not."""
+    """The shipped Brindlemoor LoRA over the real SmolLM2-135M-Instruct: merged 8da4w and 8da8w files, and the same
+    kept apart from the base's weights, name the founder the adapter taught, for a wording it was not trained on; the
+    base's file does not."""
     from huggingface_hub import HfApi
 
     from hub_export import generate, read_manifest
@@ -214,6 +233,15 @@ def test_the_real_adapter_answers_what_the_base_does_not_know(tmp_path, local_hu
     assert all(v.verification.passed for v in manifest.variants)
     for variant in manifest.variants:
         answer = generate(out / variant.file, out, question, max_new_tokens=24).text
+        assert "Edda Quill" in answer, (variant.file, answer)
+    # Kept apart (--lora-files): each program carries the adapter over the base's own quantized weights.
+    apart = tmp_path / "brindlemoor-apart"
+    export(str(packaged_lora()), apart, qmodes=["8da4w", "8da8w"], qembedding="8w", max_seq_len=128, jobs=1,
+           lora_files=True, token=local_hub.alice_token, endpoint=local_hub.endpoint)  # fmt: skip
+    for variant in read_manifest(apart).variants:
+        assert variant.verification.passed and variant.data_file.startswith("base-"), variant.file
+        assert variant.size_bytes < variant.data_size_bytes / 10  # the adapter's file is a small part of the whole
+        answer = generate(apart / variant.file, apart, question, max_new_tokens=24).text
         assert "Edda Quill" in answer, (variant.file, answer)
     base_out = tmp_path / "base"
     export(str(base_folder), base_out, qmodes=["8da8w"], qembedding="8w", max_seq_len=128, jobs=1, verify=False)
