@@ -36,7 +36,7 @@ _OTHER_METHODS = {"IA3", "LOHA", "LOKR", "ADALORA", "OFT", "BOFT", "VERA", "PROM
                   "P_TUNING", "FOURIERFT", "HRA", "VBLORA", "LN_TUNING", "BONE", "RANDLORA", "SHIRA", "C3A"}  # fmt: skip
 _TIED = ("lm_head", "embed_tokens", "wte", "embed_in", "embed_out")
 # Adapter weight names: base_model.model.<module>.lora_A.weight (PEFT's own prefix and LoRA's parts).
-_PART = re.compile(r"^base_model\.model\.(?P<module>.+?)\.(?P<part>lora_A|lora_B|lora_embedding_A|lora_embedding_B|"
+LORA_PART = re.compile(r"^base_model\.model\.(?P<module>.+?)\.(?P<part>lora_A|lora_B|lora_embedding_A|lora_embedding_B|"
                    r"lora_magnitude_vector)(?:\.weight)?$")  # fmt: skip
 
 
@@ -166,7 +166,7 @@ def check_against_base(adapter: Adapter, base_folder: Path, base_name: str) -> N
     modules_to_save = adapter.config.get("modules_to_save") or []
     tied = "lm_head.weight" not in base  # a causal LM without its own output weight reads the input embedding's
     for key, shape in adapted.items():
-        match = _PART.match(key)
+        match = LORA_PART.match(key)
         module = match.group("module") if match else key.removeprefix("base_model.model.").rsplit(".", 1)[0]
         module = module.removesuffix(".base_layer")  # PEFT saves a targeted embedding's own weight under it
         if tied and module.split(".")[-1] in _TIED:

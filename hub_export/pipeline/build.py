@@ -20,7 +20,7 @@ from hub_export.options import variant_filename
 from hub_export.patches import release_memory
 from hub_export.pipeline import lora_files, quantize, streaming
 from hub_export.pipeline import source as source_stage
-from hub_export.pipeline.lower import is_dynamic, runner_metadata, to_pte
+from hub_export.pipeline.lower import LoweringProgress, is_dynamic, runner_metadata, to_pte
 from hub_export.pipeline.manifest import Variant, sha256_file
 from hub_export.pipeline.records import Verification
 from hub_export.pipeline.verify import expected_logits, text_config, token_ids, verify
@@ -158,12 +158,8 @@ def _build_encoder_variant(run: RunState, qmode: str, last: bool) -> Variant:
     release_memory()
     run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)", "lower", name)
     path = run.workdir / name
-    partitions = iter(range(1, 1 << 30))
     to_pte(
-        program,
-        metadata,
-        path,
-        on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name),
+        program, metadata, path, on_partition=LoweringProgress(lambda said: run.say(f"[{name}] {said}", "note", name))
     )
     del program
     seconds = time.perf_counter() - started
@@ -358,13 +354,12 @@ def _lower(run: RunState, model, name: str, qmode: str):
     del wrapped
     run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)", "lower", name)
     path = run.workdir / name
-    partitions = iter(range(1, 1 << 30))
     to_pte(
         program,
         metadata,
         path,
         _data_path(path, opts, qmode),
-        on_partition=lambda: run.say(f"[{name}] lowering: XNNPACK partition {next(partitions)}", "note", name),
+        on_partition=LoweringProgress(lambda said: run.say(f"[{name}] {said}", "note", name)),
         kept=lora_files.is_adapter_weight if opts.lora_files else None,
     )
     return path, metadata, layout

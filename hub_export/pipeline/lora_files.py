@@ -28,7 +28,7 @@ import torch
 from torch import nn
 
 from hub_export.errors import InputError, opt
-from hub_export.pipeline.adapter import _PART, ADAPTER_WEIGHTS, Adapter
+from hub_export.pipeline.adapter import ADAPTER_WEIGHTS, LORA_PART, Adapter
 
 # Names the adapter's factors carry in the exported program (placeholders ``p_..._lora_a_weight``): what stays
 # in the program's file while everything else goes to the base's data file.
@@ -87,7 +87,7 @@ def factors(adapter: Adapter) -> dict[str, dict[str, torch.Tensor]]:
 
     found: dict[str, dict[str, torch.Tensor]] = {}
     for key, tensor in load_file(str(Path(adapter.path) / ADAPTER_WEIGHTS)).items():
-        match = _PART.match(key)
+        match = LORA_PART.match(key)
         if match is None or match.group("part") not in ("lora_A", "lora_B"):
             raise InputError(f"{adapter.name} holds {key}, which is not a LoRA factor of a linear layer; drop "
                              f"{opt('lora_files')} to merge it")  # fmt: skip

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import contextlib
+import time
 from collections.abc import Callable
 from pathlib import Path
 from typing import Any
@@ -112,6 +113,49 @@ def partitioner():
     return XnnpackPartitioner(configs=xnnpack_partitioner_configs())
 
 
+class LoweringProgress:
+    """What lowering says as XNNPACK starts each partition: "lowering: XNNPACK partition 12 of 30, about 2 min left".
+
+    The total is counted as the partitioner finds the partitions (:meth:`found`); each partition's turn is timed
+    from the first one's start, the first alone telling nothing of the rest.
+    """
+
+    def __init__(self, say: Callable[[str], None]):
+        self.say, self.total, self.done, self.started = say, 0, 0, 0.0
+
+    def found(self, count: int) -> None:
+        self.total += count
+
+    def __call__(self) -> None:
+        from hub_export.progress import time_left  # a leaf module, as every caller of lowering has it loaded
+
+        if self.done == 0:
+            self.started = time.perf_counter()
+        self.done += 1
+        of = f" of {self.total}" if self.total >= self.done else ""
+        left = time_left(self.started, self.done - 1, self.total) if of and self.done > 2 else ""
+        self.say(f"lowering: XNNPACK partition {self.done}{of}{left}")
+
+
+def _counting(each_partitioner, found: Callable[[int], None]):
+    """``each_partitioner``, telling ``found`` how many partitions it tagged."""
+    partition = each_partitioner.partition
+
+    def counted(exported_program):
+        result = partition(exported_program)
+        found(len(result.partition_tags))
+        return result
+
+    each_partitioner.partition = counted
+    return each_partitioner
+
+
+def _partitioner_for(on_partition: Callable[[], None] | None):
+    """A method's partitioner, which tells a :class:`LoweringProgress` how many partitions it found."""
+    each = partitioner()
+    return _counting(each, on_partition.found) if isinstance(on_partition, LoweringProgress) else each
+
+
 def _tag_weights_external(tag: str, kept: Callable[[str], bool] | None = None):
     """A transform pass that sends XNNPACK's weights to the data file named ``tag`` (but those ``kept(name)``)."""
     from torch.fx.passes.infra.pass_base import PassResult
@@ -163,13 +207,12 @@ def to_pte(
     ``do_quant_fusion_and_const_prop`` folds torchao's weight-only dequantize patterns
     (e.g. quantized embeddings) into ops the runtime has kernels for.
 
-    ``on_partition`` is called as XNNPACK starts on each partition (progress within lowering).
+    ``on_partition`` is called as XNNPACK starts on each partition (a :class:`LoweringProgress` counts them too).
 
     With ``data_path`` (a ``.ptd`` next to ``path``) every weight, the program's and
     XNNPACK's alike, goes to that data file, where ExecuTorch stores byte-identical
     buffers once: a tied embedding table and an output projection quantized the same
-    way are kept once (``benchmarks/shared_embedding.py``). Weights whose names ``kept(name)`` accepts stay in
-    the ``.pte`` (an adapter's factors, over a base's data file).
+    way are kept once (``benchmarks/shared_embedding.py``); but weights ``kept(name)`` stay in the ``.pte``.
     """
     if data_path is not None and data_path.parent != path.parent:
         raise ValueError("the data file must sit next to the .pte")
@@ -180,7 +223,7 @@ def to_pte(
     for each in programs.values():
         inferred_reshapes(each)
         drop_provenance(each)
-    partitioners = {name: partitioner() for name in programs}
+    partitioners = {name: _partitioner_for(on_partition) for name in programs}
     with forgetting_tracing_caches(), skipping_idle_edge_passes(), contextlib.ExitStack() as stack:
         # Each method decomposed once where its partitioner takes every node it keeps whole.
         ready = {
