@@ -37,12 +37,12 @@ from typing import Any
 
 from hub_export.errors import HubExportError, InputError, Namer, cli_name, opt
 from hub_export.hub.api import check_repo_id, default_repo_name, read_card
-from hub_export.hub.card import human_size, task_of, variant_facts
+from hub_export.hub.card import task_of
 from hub_export.hub.pull import list_variants, pull
 from hub_export.hub.push import PushResult, push
 from hub_export.media.files import open_regular
 from hub_export.options import FORM_NONE, ExportOptions, form_fields, form_kind
-from hub_export.pipeline.manifest import Manifest
+from hub_export.pipeline.manifest import FILE_NAME, Manifest
 from hub_export.progress import clock
 from hub_export.redact import Redactor
 from hub_export.tasks.fill_mask.run import FillMaskResult, fill_mask
@@ -57,10 +57,6 @@ MAX_NEW_TOKENS = 256
 MAX_PROMPT_CHARS = 4000
 MAX_AUDIO_SECONDS = 300  # of a preview's recording: the Space's default (HUB_EXPORT_SPACE_MAX_AUDIO_SECONDS)
 MAX_UPLOAD_BYTES = 50 << 20  # a preview's image or recording, checked before it is decoded
-TABLE_HEADERS = [
-    "file", "this job", "size", "max context", "memory at full context", "verified", "verification", "perplexity (vs fp32)", "prefill tok/s",
-    "decode tok/s",
-]  # fmt: skip
 
 
 # -- requests -------------------------------------------------------------------------------
@@ -218,6 +214,7 @@ class PreviewRequest:
     audio: str | None = None  # an uploaded recording's path, for a speech-recognition repo
     max_audio_seconds: float = MAX_AUDIO_SECONDS  # of a recording, transcribed
     lookup: bool = False  # several tokens per step from the prompt's n-grams (a file with forward_rows)
+    draft: str | None = None  # or from another variant of the repo: its file name, a path once pulled
 
 
 def sampling_from_form(temperature: Any, top_p: Any, top_k: Any, repetition_penalty: Any, seed: Any) -> Sampling:
@@ -248,7 +245,8 @@ def preview_request(
     """Check a preview form (and API arguments) before anything is downloaded.
 
     ``chat`` ticked means "the template when the model has one", so the default works for
-    base models too; unticked sends the prompt as typed.
+    base models too; unticked sends the prompt as typed. ``lookup``: how several tokens are proposed per step
+    (:func:`drafter_choice`).
     """
     repo_id = (repo_id or "").strip()
     if not repo_id:
@@ -267,19 +265,22 @@ def preview_request(
     for upload, what in ((image, "image"), (audio, "audio")):
         if upload:
             _check_upload(upload, what)
-    return PreviewRequest(
-        repo_id,
-        (variant or "").strip() or None,
-        prompt,
-        limit,
-        None if chat else False,
-        (system or "").strip() or None,
-        sampling,
-        image or None,
-        audio or None,
-        max_audio_seconds,
-        lookup is True,
-    )
+    lookup, draft = drafter_choice(lookup)
+    return PreviewRequest(repo_id, (variant or "").strip() or None, prompt, limit, None if chat else False,
+                          (system or "").strip() or None, sampling, image or None, audio or None, max_audio_seconds,
+                          lookup, draft)  # fmt: skip
+
+
+def drafter_choice(value: Any) -> tuple[bool, str | None]:
+    """The preview's "several tokens per step" field as (lookup, draft variant): off (False, "", "off"), prompt
+    lookup (True, "lookup") or another variant of the repo drafting ("draft:FILE")."""
+    if value is True or value == "lookup":
+        return True, None
+    if isinstance(value, str) and value.startswith("draft:") and FILE_NAME.fullmatch(value[6:]):
+        return False, value[6:]
+    if value in (False, None, "", "off"):
+        return False, None
+    raise InputError(f"several tokens per step is off, lookup or draft:FILE of the repo (got {str(value)[:40]!r})")
 
 
 def _check_upload(path: str, what: str) -> None:
@@ -441,6 +442,12 @@ def preview(
     files = pull(request.repo_id, request.variant, output_dir=folder, endpoint=endpoint, token=token or False)
     manifest = Manifest.read(files)
     chosen = manifest.variant(request.variant) if request.variant else manifest.variants[0]
+    if request.draft is not None:  # the draft variant beside it, checked against the same manifest
+        emit(("stage", f"downloading the draft {request.draft}"))
+        drafts = pull(
+            request.repo_id, request.draft, output_dir=folder / "draft", endpoint=endpoint, token=token or False
+        )
+        request = dataclasses.replace(request, draft=str(drafts / manifest.variant(request.draft).file))
     return _PREVIEWS[task_of(manifest).name](request, files, chosen.file, emit)
 
 
@@ -522,7 +529,7 @@ def _preview_text(
     pieces, last = [], None
     for last in stream_generate(chosen_file, files, request.prompt, max_new_tokens=request.max_new_tokens,
                                 sampling=request.sampling, chat=request.chat, system=request.system, images=images,
-                                lookup=request.lookup):  # fmt: skip
+                                lookup=request.lookup, draft=request.draft):  # fmt: skip
         if last.text:
             pieces.append(last.text)
             emit(("text", last.text))
@@ -539,37 +546,6 @@ _PREVIEWS = {
     "text2text-generation": _preview_text2text,
     "image-text-to-text": _preview_vision_language,
 }
-
-
-# -- views ----------------------------------------------------------------------------------------
-
-
-def variant_rows(manifest: Manifest, this_job: list[str]) -> list[list[Any]]:
-    """One row per variant in the repo (:data:`TABLE_HEADERS`), in the card's and ``hub-export ls``'s words."""
-    rows = []
-    for variant in manifest.variants:
-        facts = variant_facts(variant)
-        rows.append([
-            variant.file, "yes" if variant.file in this_job else "", facts["size"], facts["context"], facts["memory"],
-            "yes" if facts["verified"] else "no", facts["verification"], facts["quality"], facts["prefill_tps"],
-            facts["decode_tps"],
-        ])  # fmt: skip
-    return rows
-
-
-def variant_choices(manifest: Manifest) -> list[tuple[str, str]]:
-    """Dropdown entries: label with size and context, value the file name (what ``pull`` takes)."""
-    return [(f"{v.file} · {human_size(v.total_bytes)} · {v.max_seq_len} tokens", v.file) for v in manifest.variants]
-
-
-def card_markdown(text: str) -> str:
-    """A model card for display: its YAML front matter as a code block, then the Markdown body."""
-    if text.startswith("---\n"):
-        end = text.find("\n---", 4)
-        if end != -1:
-            front, body = text[4:end], text[end + 4 :].lstrip("\n")
-            return f"```yaml\n{front}\n```\n\n{body}"
-    return text
 
 
 def failure_line(

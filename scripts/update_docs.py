@@ -49,6 +49,7 @@ SECTIONS = {
     "bench-speculative-8da4w": "speculative-8da4w",
     "speculative-rows": "speculative-rows",
     "speculative-rows-1-7b": "speculative-rows-1.7b",
+    "bench-lora-files": "lora-files",
 }
 # docs/img/<name> <- benchmarks/results/<name>
 IMAGES = ("quant-recipes.png", "scale.png")

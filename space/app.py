@@ -152,14 +152,14 @@ def _wire_export(jobs: Jobs, ex: dict[str, Any], pv: dict[str, Any], token: gr.T
         show_progress="minimal",
         show_progress_on=[ex["log"]],
     ).success(fill_preview, ex["pushed"], pv["repo"], api_visibility="private", queue=False).then(
-        jobs.variants, [pv["repo"], token], pv["variant"], api_visibility="private"
+        jobs.variants, [pv["repo"], token], [pv["variant"], pv["lookup"]], api_visibility="private"
     )
 
 
 def _wire_preview(jobs: Jobs, pv: dict[str, Any], token: gr.Textbox) -> None:
     """The Preview tab's events: the repo's variants, the prompt that follows the chat box, the queued preview."""
-    pv["refresh"].click(jobs.variants, [pv["repo"], token], pv["variant"], api_visibility="private")
-    pv["repo"].submit(jobs.variants, [pv["repo"], token], pv["variant"], api_visibility="private")
+    pv["refresh"].click(jobs.variants, [pv["repo"], token], [pv["variant"], pv["lookup"]], api_visibility="private")
+    pv["repo"].submit(jobs.variants, [pv["repo"], token], [pv["variant"], pv["lookup"]], api_visibility="private")
     pv["chat"].change(default_prompt, [pv["chat"], pv["prompt"]], pv["prompt"], api_visibility="private", queue=False)
     preview_inputs = [
         pv["repo"], pv["variant"], pv["prompt"], pv["max_new_tokens"], pv["chat"], pv["system"],

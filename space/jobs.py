@@ -18,7 +18,7 @@ from layout import DONE, FAILED, RUNNING, ExportView, bar
 from settings import Settings
 from wording import failure_message
 
-from hub_export import service
+from hub_export import service, views
 from hub_export.errors import HubError
 from hub_export.hub.api import target_repo
 from hub_export.hub.pull import list_variants
@@ -169,8 +169,8 @@ class Jobs:
         if result.pr_url:
             view.link += f"\n\nPull request: [{result.pr_url}]({result.pr_url})"
         if published.manifest is not None:
-            view.rows = service.variant_rows(published.manifest, result.files)
-            view.card = service.card_markdown(published.card)
+            view.rows = views.variant_rows(published.manifest, result.files)
+            view.card = views.card_markdown(published.card)
             for variant in published.manifest.variants:
                 if variant.file in result.files:
                     say(f"{variant.file}: {variant.verification.line()}")
@@ -180,18 +180,22 @@ class Jobs:
         log.info("export job %s done: %s", job_id, result.summary)
         yield view.outputs()
 
-    def variants(self, repo_id: str, token: str, oauth_token: gr.OAuthToken | None = None) -> gr.Dropdown:
-        """The repo's variants for the Preview dropdown (first one selected)."""
+    def variants(
+        self, repo_id: str, token: str, oauth_token: gr.OAuthToken | None = None
+    ) -> tuple[gr.Dropdown, gr.Dropdown]:
+        """The repo's variants for the Preview dropdown (first one selected), and its drafters (off selected)."""
         redact = self.redactor(token, oauth_token.token if oauth_token else None)
         if not (repo_id or "").strip():
-            return gr.Dropdown(choices=[], value=None)
+            return gr.Dropdown(choices=[], value=None), gr.Dropdown(choices=views.drafter_choices(None), value="off")
         try:
             user = self.user_token(oauth_token, token, required=False)
             manifest = list_variants(repo_id.strip(), self.settings.endpoint, user or False)
         except Exception as error:  # any failure is one line on the page
             raise gr.Error(failure_message(error, "variants", redact), print_exception=False) from None
-        choices = service.variant_choices(manifest)
-        return gr.Dropdown(choices=choices, value=choices[0][1])
+        choices = views.variant_choices(manifest)
+        return gr.Dropdown(choices=choices, value=choices[0][1]), gr.Dropdown(
+            choices=views.drafter_choices(manifest), value="off"
+        )
 
     def preview(
         self,
@@ -258,8 +262,9 @@ def _speed_line(
         return f"{DONE} embedded {len(result.tokens)} texts ({tokens} tokens) · **{result.texts_per_s:.0f} texts/s**"
     stops = {"eos": "end of text", "max_new_tokens": "max new tokens reached", "context_full": "context full"}
     figures = result.speculation
+    drafter = "prompt lookup" if figures and figures.drafter == "lookup" else f"draft {figures and figures.drafter}"
     drafted = (
-        f" · prompt lookup: {figures.accepted} of {figures.proposed} proposals kept, "
+        f" · {drafter}: {figures.accepted} of {figures.proposed} proposals kept, "
         f"{figures.tokens_per_call(result.generated_tokens):.2f} tokens per call"
         if figures
         else ""

@@ -16,8 +16,9 @@ import pandas as pd
 
 from hub_export.hub.api import default_repo_name
 from hub_export.options import form_fields, form_kind
-from hub_export.service import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_UPLOAD_BYTES, TABLE_HEADERS, shown_default
+from hub_export.service import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_UPLOAD_BYTES, shown_default
 from hub_export.tasks.text_generation.run import Sampling
+from hub_export.views import TABLE_HEADERS
 
 HERE = Path(__file__).parent
 # Words, not emoji: status lines are read by API clients and screen readers too.
@@ -202,10 +203,12 @@ def preview_tab() -> dict[str, Any]:
             "", label="System message", placeholder="optional; needs the chat template", lines=1, scale=3
         )
     ui["max_new_tokens"] = gr.Slider(1, MAX_NEW_TOKENS, value=48, step=1, label="Max new tokens")
-    ui["lookup"] = gr.Checkbox(
-        label="Several tokens per step (prompt lookup)",
-        value=False,
-        info="For a file exported with --speculative: proposals from the prompt, checked several at a time.",
+    ui["lookup"] = gr.Dropdown(
+        [("off", "off"), ("prompt lookup", "lookup")],
+        value="off",
+        label="Several tokens per step",
+        info="For a file exported with --speculative: tokens proposed from the prompt, or by a cheaper variant of "
+        "the repo, checked several at a time; the text is the same.",
     )
     ui.update(sampling_controls())
     ui["run"] = gr.Button("Generate", variant="primary")

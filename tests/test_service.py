@@ -14,20 +14,19 @@ from hub_export.options import KV_DTYPES, ExportOptions, form_fields, form_kind
 from hub_export.pipeline.quantize import QEMBEDDINGS, QMODES
 from hub_export.redact import Redactor
 from hub_export.service import (
-    TABLE_HEADERS,
     WAITING,
     BackgroundJob,
-    card_markdown,
+    drafter_choice,
     export_request,
     failure_line,
     options_from_form,
     preview_request,
     shown_default,
     source_id,
-    variant_rows,
 )
 from hub_export.tasks.registry import TASKS
 from hub_export.tasks.text_generation.run import Sampling
+from hub_export.views import TABLE_HEADERS, card_markdown, variant_rows
 
 HUB = "https://hub.example"
 
@@ -239,3 +238,12 @@ def test_streamed_events_are_coalesced_to_a_few_redraws_a_second(tmp_path: Path)
 
     assert len(batches(0.1)) <= 6  # about 0.3 s of tokens in batches of 0.1 s
     assert len(batches(0.0)) > 10  # as they come
+
+
+def test_the_preview_drafter_field_is_off_lookup_or_a_variant_of_the_repo() -> None:
+    assert drafter_choice(False) == drafter_choice("off") == drafter_choice(None) == (False, None)
+    assert drafter_choice(True) == drafter_choice("lookup") == (True, None)
+    assert drafter_choice("draft:model-8da4w.pte") == (False, "model-8da4w.pte")
+    for bad in ("draft:../model.pte", "draft:", "faster", 3):
+        with pytest.raises(InputError, match="several tokens per step"):
+            drafter_choice(bad)

@@ -20,8 +20,9 @@ from types import ModuleType
 import pytest
 
 from benchmarks.ray_nodes import free_port
-from hub_export import service
+from hub_export import service, views
 from hub_export.errors import HubError, HubExportError, InputError
+from hub_export.hub.pull import list_variants
 from hub_export.options import ExportOptions, form_fields
 from hub_export.pipeline.manifest import Manifest
 from hub_export.tasks.text_generation.run import Sampling
@@ -231,8 +232,11 @@ GREEDY = (0.0, 1.0, 0, 1.0, 0)
 
 
 def test_preview_passes_chat_system_and_sampling_to_generate(
-    exported: Exported, local_hub: LocalHubFixture, tmp_path: Path, monkeypatch: pytest.MonkeyPatch
-) -> None:
+    exported: Exported, exported_multi: Path, local_hub: LocalHubFixture, tmp_path: Path,
+    monkeypatch: pytest.MonkeyPatch,
+) -> None:  # fmt: skip
+    from hub_export import push
+
     calls: list[dict] = []
     real_generate = service.stream_generate
 
@@ -262,6 +266,20 @@ def test_preview_passes_chat_system_and_sampling_to_generate(
     assert calls[-1]["lookup"] is True
     _one_line(failure.value.message)
     assert "export it with `hub-export export --speculative`" in failure.value.message, failure.value.message
+
+    # Another variant of the repo as the draft: pulled beside the chosen one and handed to the library, whose refusal
+    # (no forward_rows in these files) comes back as one line; the dropdown offers it.
+    pair, draft = "alice/tiny-space-pair-ExecuTorch", "model-fp32-emb8w.pte"
+    push(from_dir=str(exported_multi), repo_id=pair, token=token, endpoint=local_hub.endpoint)
+    offered = views.drafter_choices(list_variants(pair, local_hub.endpoint))
+    assert ("draft with", f"draft:{draft}") in [(label[:10], value) for label, value in offered]
+    with pytest.raises(space_app.gr.Error) as failure:
+        list(
+            jobs.preview(pair, "8da4w", "Once upon a time", 6, False, "", *GREEDY, token, None, None, f"draft:{draft}")
+        )
+    assert calls[-1]["lookup"] is False and Path(calls[-1]["draft"]).name == draft
+    _one_line(failure.value.message)
+    assert "--speculative" in failure.value.message, failure.value.message
 
     # A system message without the template: the library's refusal, in the Space's words.
     with pytest.raises(space_app.gr.Error) as failure:
