@@ -256,7 +256,7 @@ class ExportOptions:
         "--lora-files",
         help="For a LoRA adapter: keep it apart from the base instead of merging it. Each variant becomes the base's "
         "weights in base-QMODE.ptd (byte-identical for every adapter of that base: ship it once) and the program "
-        "with the adapter's fp32 factors in model-QMODE.pte (a few MB).",
+        "with the adapter's fp32 factors in lora-ADAPTER-QMODE.pte (a few MB).",
     )
     license: str | None = _option(
         None,
