@@ -18,8 +18,9 @@ from layout import DONE, FAILED, RUNNING, ExportView, bar
 from settings import Settings
 from wording import failure_message
 
-from hub_export import service, views
+from hub_export import service
 from hub_export.errors import HubError
+from hub_export.hub import views
 from hub_export.hub.api import target_repo
 from hub_export.hub.pull import list_variants
 from hub_export.pipeline.engines import RayEngine

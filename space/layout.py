@@ -15,10 +15,10 @@ import gradio as gr
 import pandas as pd
 
 from hub_export.hub.api import default_repo_name
+from hub_export.hub.views import TABLE_HEADERS
 from hub_export.options import form_fields, form_kind
 from hub_export.service import MAX_NEW_TOKENS, MAX_PROMPT_CHARS, MAX_UPLOAD_BYTES, shown_default
 from hub_export.tasks.text_generation.run import Sampling
-from hub_export.views import TABLE_HEADERS
 
 HERE = Path(__file__).parent
 # Words, not emoji: status lines are read by API clients and screen readers too.

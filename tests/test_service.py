@@ -10,6 +10,7 @@ from pathlib import Path
 import pytest
 
 from hub_export.errors import InputError, opt
+from hub_export.hub.views import TABLE_HEADERS, card_markdown, variant_rows
 from hub_export.options import KV_DTYPES, ExportOptions, form_fields, form_kind
 from hub_export.pipeline.quantize import QEMBEDDINGS, QMODES
 from hub_export.redact import Redactor
@@ -26,7 +27,6 @@ from hub_export.service import (
 )
 from hub_export.tasks.registry import TASKS
 from hub_export.tasks.text_generation.run import Sampling
-from hub_export.views import TABLE_HEADERS, card_markdown, variant_rows
 
 HUB = "https://hub.example"
 

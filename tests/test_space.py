@@ -20,8 +20,9 @@ from types import ModuleType
 import pytest
 
 from benchmarks.ray_nodes import free_port
-from hub_export import service, views
+from hub_export import service
 from hub_export.errors import HubError, HubExportError, InputError
+from hub_export.hub import views
 from hub_export.hub.pull import list_variants
 from hub_export.options import ExportOptions, form_fields
 from hub_export.pipeline.manifest import Manifest
