@@ -208,9 +208,9 @@ def test_adapter_config_is_read_as_hostile_input(tmp_path) -> None:
 
 @pytest.mark.real
 def test_the_real_adapter_answers_what_the_base_does_not_know(tmp_path, local_hub) -> None:
-    """The shipped Brindlemoor LoRA over the real SmolLM2-135M-Instruct: merged 8da4w and 8da8w files, and the same
-    kept apart from the base's weights, name the founder the adapter taught, for a wording it was not trained on; the
-    base's file does not."""
+    """The shipped Brindlemoor LoRA over the real SmolLM2-135M-Instruct: merged 8da4w and 8da8w files, and an 8da4w
+    pair kept apart from the base's weights, name the founder the adapter taught, for a wording it was not trained on;
+    the base does not."""
     from huggingface_hub import HfApi
 
     from hub_export import generate, read_manifest
@@ -234,9 +234,10 @@ def test_the_real_adapter_answers_what_the_base_does_not_know(tmp_path, local_hu
     for variant in manifest.variants:
         answer = generate(out / variant.file, out, question, max_new_tokens=24).text
         assert "Edda Quill" in answer, (variant.file, answer)
-    # Kept apart (--lora-files): each program carries the adapter over the base's own quantized weights.
+    # Kept apart (--lora-files): the program carries the adapter over the base's own quantized weights. 8da4w, the
+    # default and the coarser base; 8da8w kept apart answers too, left out to hold the suite's time.
     apart = tmp_path / "brindlemoor-apart"
-    export(str(packaged_lora()), apart, qmodes=["8da4w", "8da8w"], qembedding="8w", max_seq_len=128, jobs=1,
+    export(str(packaged_lora()), apart, qmodes=["8da4w"], qembedding="8w", max_seq_len=128, jobs=1,
            lora_files=True, token=local_hub.alice_token, endpoint=local_hub.endpoint)  # fmt: skip
     for variant in read_manifest(apart).variants:
         assert variant.verification.passed and variant.data_file.startswith("base-"), variant.file
