@@ -64,10 +64,11 @@ class Attached:
 
 
 def check_separable(adapter: Adapter) -> None:
-    """Refuse, in one line, an adapter whose arithmetic is not a low-rank update of linear layers.
+    """Refuse, in one line, an adapter whose config asks for more than a low-rank update of linear layers (a target
+    that is not a linear layer is refused as the factors are attached, :func:`attach_lora`).
 
     Raises:
-        InputError: DoRA, ``modules_to_save``, per-module ranks or alphas, or an embedding among the targets.
+        InputError: DoRA, ``modules_to_save``, per-module ranks or alphas.
     """
     for option in _MERGE_ONLY:
         if adapter.config.get(option):
