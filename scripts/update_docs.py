@@ -49,6 +49,8 @@ SECTIONS = {
     "bench-speculative-8da4w": "speculative-8da4w",
     "speculative-rows": "speculative-rows",
     "speculative-rows-1-7b": "speculative-rows-1.7b",
+    "speculative-rows-avx2": "speculative-rows-8da4w-avx2",
+    "bench-speculative-avx2": "speculative-8da4w-avx2",
     "bench-lora-files": "lora-files",
 }
 # docs/img/<name> <- benchmarks/results/<name>
