@@ -22,8 +22,10 @@ $(STAMP): pyproject.toml constraints.txt
 
 install: $(STAMP)
 
+# Two workers (pytest-xdist), each taking whole files: tracing and lowering are single-threaded Python, so the
+# two cores run two exports at once (about 1.4x faster than one worker).
 test: $(STAMP)
-	$(VENV)/bin/pytest -q --durations=40
+	$(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=40
 
 # Every other qmode end to end (8da8w, 4w, 8w, 4-bit embeddings, the group-size fallback), a static graph,
 # tied embeddings stored once, an export from a real headless browser: about 6 minutes.
