@@ -23,7 +23,13 @@ log = logging.getLogger(__name__)
 
 GGUF_MAGIC = b"GGUF"
 RECORD_NAME = "gguf_source.json"  # what the converted folder was made from
-_FORMAT_VERSION = 1  # bump when the conversion changes what it writes
+_FORMAT_VERSION = 2  # bump when the conversion changes what it writes
+# transformers' tensor processors that turn one GGUF tensor into one checkpoint tensor; the others (mixture-of-experts
+# models) assemble several GGUF tensors into one, which needs the whole model, so those convert the way transformers
+# loads them.
+_ONE_TO_ONE = {"TensorProcessor", "LlamaTensorProcessor", "GPT2TensorProcessor", "BloomTensorProcessor",
+               "NemotronTensorProcessor", "Gemma2TensorProcessor"}  # fmt: skip
+SHARD_BYTES = 256 << 20  # safetensors serializes a shard in memory before writing it: a small one keeps that small
 
 
 def check_file_name(name: str) -> str:
@@ -134,26 +140,128 @@ def _public(record: dict) -> dict:
     return {k: v for k, v in record.items() if k != "format"}
 
 
-def _convert(path: Path, out: Path) -> None:
-    import torch
-    from transformers import AutoModelForCausalLM, AutoTokenizer
+_LOAD_ERRORS = (ValueError, KeyError, RuntimeError, OSError, NotImplementedError)
 
-    folder, name = str(path.parent), path.name
-    # Our stage log already says what happens; transformers' per-tensor bar would only add noise.
+
+def _cannot_load(name: str, error: Exception) -> SourceError:
+    first = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
+    return SourceError(f"transformers cannot load {name}: {first}")
+
+
+def _convert(path: Path, out: Path) -> None:
+    """``out``: the GGUF as a float32 safetensors folder, a tensor at a time where each GGUF tensor makes one
+    checkpoint tensor (the model is never whole in memory), else through a whole model as transformers loads it."""
+    from transformers import AutoTokenizer
     from transformers.utils import logging as hf_logging
 
+    # Our stage log already says what happens; transformers' per-tensor bar would only add noise.
     hf_logging.disable_progress_bar()
+    folder, name = str(path.parent), path.name
     try:
         tokenizer = AutoTokenizer.from_pretrained(folder, gguf_file=name)
-        model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=name, dtype=torch.float32)
-    except (ValueError, KeyError, RuntimeError, OSError, NotImplementedError) as error:
-        first = str(error).splitlines()[0][:200] if str(error) else type(error).__name__
-        raise SourceError(f"transformers cannot load {name}: {first}") from None
+        if not _convert_streaming(path, out):
+            _convert_whole(path, out)
+    except _LOAD_ERRORS as error:
+        raise _cannot_load(name, error) from None
+    tokenizer.save_pretrained(out)
+
+
+def _convert_streaming(path: Path, out: Path) -> bool:
+    """Dequantize, rename and write each GGUF tensor as transformers' loader does, in shards of
+    :data:`SHARD_BYTES`; False (nothing written) for a model whose tensors do not map one to one."""
+    import numpy as np
+    import torch
+    from gguf import GGUFReader, dequantize
+    from transformers import AutoConfig, AutoModelForCausalLM, GenerationConfig
+    from transformers.modeling_gguf_pytorch_utils import (
+        TENSOR_PROCESSORS,
+        TensorProcessor,
+        get_gguf_hf_weights_map,
+        load_gguf_checkpoint,
+    )
+
+    parsed = load_gguf_checkpoint(str(path), return_tensors=False)  # the metadata only
+    reader = GGUFReader(str(path))
+    architecture = _field_value(reader, "general.architecture")
+    processor = TENSOR_PROCESSORS.get(architecture, TensorProcessor)(config=parsed.get("config", {}))
+    if type(processor).__name__ not in _ONE_TO_ONE:
+        return False
+    config = AutoConfig.from_pretrained(str(path.parent), gguf_file=path.name)
+    with torch.device("meta"):
+        skeleton = AutoModelForCausalLM.from_config(config)  # names only: no weight is allocated
+    mapping = get_gguf_hf_weights_map(skeleton, processor)
+    parsed["tensors"] = {}
+    shards, shard, size = [], {}, 0
+    for tensor in reader.tensors:
+        result = processor.process(weights=_dequantized(tensor, dequantize), name=tensor.name,
+                                   tensor_key_mapping=mapping, parsed_parameters=parsed)  # fmt: skip
+        if result.name not in mapping:
+            continue  # transformers skips it too (e.g. rope frequencies it recomputes)
+        shard[mapping[result.name]] = torch.from_numpy(
+            np.array(result.weights, dtype=np.float32)
+        )  # a copy: F32 tensors are views of the mapped file
+        size += shard[mapping[result.name]].nbytes
+        if size >= SHARD_BYTES:
+            shards.append(_write_shard(out, len(shards), shard))
+            shard, size = {}, 0
+    if parsed["tensors"]:
+        raise NotImplementedError(f"its {architecture} tensors are assembled from several GGUF tensors")
+    if shard or not shards:
+        shards.append(_write_shard(out, len(shards), shard))
+    _index(out, shards)
+    if hasattr(config, "quantization_config"):
+        del config.quantization_config
+    config.torch_dtype = "float32"
+    config.architectures = [type(skeleton).__name__]
+    config.save_pretrained(out)
+    GenerationConfig.from_model_config(config).save_pretrained(out)
+    return True
+
+
+def _dequantized(tensor, dequantize, rows: int = 4096):
+    """``tensor`` in float32, dequantized ``rows`` rows at a time into one array: gguf's dequantizers make
+    temporaries about twice their output's size, which for a whole vocabulary-sized table would set the peak."""
+    import numpy as np
+
+    data = tensor.data
+    if data.ndim != 2 or data.shape[0] <= rows:
+        return dequantize(data, tensor.tensor_type)
+    first = dequantize(data[:rows], tensor.tensor_type)
+    out = np.empty((data.shape[0], *first.shape[1:]), dtype=np.float32)
+    out[:rows] = first
+    for start in range(rows, data.shape[0], rows):
+        out[start : start + rows] = dequantize(data[start : start + rows], tensor.tensor_type)
+    return out
+
+
+def _write_shard(out: Path, index: int, tensors: dict) -> tuple[str, list[str], int]:
+    from safetensors.torch import save_file
+
+    name = f"model-{index + 1:05d}.safetensors"
+    save_file(tensors, str(out / name), metadata={"format": "pt"})
+    return name, list(tensors), sum(t.nbytes for t in tensors.values())
+
+
+def _index(out: Path, shards: list[tuple[str, list[str], int]]) -> None:
+    """Name the shards as transformers does (``model-0000N-of-0000M``) and write the index that maps each weight."""
+    total, weight_map = len(shards), {}
+    for index, (name, keys, _) in enumerate(shards):
+        final = f"model-{index + 1:05d}-of-{total:05d}.safetensors"
+        (out / name).rename(out / final)
+        weight_map |= dict.fromkeys(keys, final)
+    index = {"metadata": {"total_size": sum(size for *_, size in shards)}, "weight_map": weight_map}
+    (out / "model.safetensors.index.json").write_text(json.dumps(index, indent=2) + "\n")
+
+
+def _convert_whole(path: Path, out: Path) -> None:
+    import torch
+    from transformers import AutoModelForCausalLM
+
+    model = AutoModelForCausalLM.from_pretrained(str(path.parent), gguf_file=path.name, dtype=torch.float32)
     # The weights are now plain float32: drop the GGUF quantizer so they save as safetensors.
     model.hf_quantizer = None
     if hasattr(model.config, "quantization_config"):
         del model.config.quantization_config
     model.save_pretrained(out)
     model.generation_config.save_pretrained(out)
-    tokenizer.save_pretrained(out)
     del model
