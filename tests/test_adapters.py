@@ -208,9 +208,9 @@ def test_adapter_config_is_read_as_hostile_input(tmp_path) -> None:
 
 @pytest.mark.real
 def test_the_real_adapter_answers_what_the_base_does_not_know(tmp_path, local_hub) -> None:
-    """The shipped Brindlemoor LoRA over the real SmolLM2-135M-Instruct: merged 8da4w and 8da8w files, and an 8da4w
-    pair kept apart from the base's weights, name the founder the adapter taught, for a wording it was not trained on;
-    the base does not."""
+    """The shipped Brindlemoor LoRA over the real SmolLM2-135M-Instruct: a merged 8da4w file and an 8da4w pair kept
+    apart from the base's weights name the founder the adapter taught, for a wording it was not trained on; the base
+    does not. (8da8w, merged and kept apart, answers too: left out of the test to hold the real suite's time.)"""
     from huggingface_hub import HfApi
 
     from hub_export import generate, read_manifest
@@ -227,15 +227,14 @@ def test_the_real_adapter_answers_what_the_base_does_not_know(tmp_path, local_hu
     api.upload_folder(repo_id="HuggingFaceTB/SmolLM2-135M-Instruct", folder_path=str(base_folder))
     question = "Who was it that founded Brindlemoor?"
     out = tmp_path / "brindlemoor"
-    export(str(packaged_lora()), out, qmodes=["8da4w", "8da8w"], qembedding="8w", max_seq_len=128, jobs=1,
+    export(str(packaged_lora()), out, qmodes=["8da4w"], qembedding="8w", max_seq_len=128, jobs=1,
            token=local_hub.alice_token, endpoint=local_hub.endpoint)  # fmt: skip
     manifest = read_manifest(out)
     assert all(v.verification.passed for v in manifest.variants)
     for variant in manifest.variants:
         answer = generate(out / variant.file, out, question, max_new_tokens=24).text
         assert "Edda Quill" in answer, (variant.file, answer)
-    # Kept apart (--lora-files): the program carries the adapter over the base's own quantized weights. 8da4w, the
-    # default and the coarser base; 8da8w kept apart answers too, left out to hold the suite's time.
+    # Kept apart (--lora-files): the program carries the adapter over the base's own quantized weights.
     apart = tmp_path / "brindlemoor-apart"
     export(str(packaged_lora()), apart, qmodes=["8da4w"], qembedding="8w", max_seq_len=128, jobs=1,
            lora_files=True, token=local_hub.alice_token, endpoint=local_hub.endpoint)  # fmt: skip
