@@ -8,7 +8,7 @@ runs in a fresh process, `hub-export export FILE.gguf --qmode 8da4w --qembedding
 ``benchmarks/work/llamacpp/<model>/``, where ``python -m benchmarks.llamacpp --models qwen2.5-coder-1.5b``
 runs it against llama.cpp on the same GGUF.
 
-    python -m benchmarks.real_weights                          # both (about an hour on 2 cores)
+    python -m benchmarks.real_weights                          # both (the 0.5B alone: 13 min on 2 AVX2 cores)
     python -m benchmarks.real_weights --models qwen2.5-coder-0.5b
 
 Writes ``results/real-weights.json`` and ``results/real-weights.md`` (``scripts/update_docs.py`` puts the table in
