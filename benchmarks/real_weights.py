@@ -26,7 +26,7 @@ from pathlib import Path
 
 from benchmarks.llamacpp import WORK as LLAMACPP_WORK
 from benchmarks.report import RESULTS, write_results
-from benchmarks.scale import measure_export
+from benchmarks.scale import export_row, measure_export
 
 QUESTION = "Write a Python function that returns the square of a number."
 
@@ -58,36 +58,22 @@ def run_model(key: str) -> dict:
     out = LLAMACPP_WORK / key  # where benchmarks.llamacpp finds our file of the same GGUF
     shutil.rmtree(out, ignore_errors=True)
     out.parent.mkdir(parents=True, exist_ok=True)
-    result = measure_export(gguf, out)
     from hub_export.pipeline.manifest import machine_description
 
     row = {
         "model": CHUNKED_GGUFS[key].name,
         "machine": machine_description(),
         "gguf": f"{gguf.name} ({gguf.stat().st_size / 1e9:.2f} GB)",
-        "parameters": params,
-        "fp32_bytes": params * 4,
-        **{k: v for k, v in result.items() if k != "log"},
-        "peak_over_fp32": round(result["peak_bytes"] / (params * 4), 3),
+        **export_row(out, params, measure_export(gguf, out)),
     }
-    if result["rc"] != 0:
-        row["error"] = result["log"][-600:]
-        return row
-    variant = json.loads((out / "manifest.json").read_text())["variants"][0]
-    check = variant["verification"]
-    row.update(
-        passed=check["passed"],
-        file_bytes=variant["size_bytes"],
-        gptq_seconds=(variant.get("recipe") or {}).get("gptq", {}).get("seconds"),
-        decode_tok_s=check.get("runner_decode_tokens_per_s"),
-        prefill_tok_s=check.get("runner_prefill_tokens_per_s"),
-        quality={
+    if row["rc"] == 0:
+        check = json.loads((out / "manifest.json").read_text())["variants"][0]["verification"]
+        row["quality"] = {
             name: {k: check[name][k] for k in ("text", "tokens", "fp32_perplexity", "perplexity", "ratio")}
             for name in ("quality", "second_quality")
             if check.get(name)
-        },  # fmt: skip
-        answer=answer(out, variant["file"]),
-    )
+        }
+        row["answer"] = answer(out, row["file"])
     print(json.dumps(row), flush=True)
     return row
 

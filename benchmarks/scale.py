@@ -107,6 +107,30 @@ def measure_export(folder: Path, out: Path, extra: list[str] = ()) -> dict:
             "log": log.read_text()[-2000:]}  # fmt: skip
 
 
+def export_row(out: Path, parameters: int, result: dict) -> dict:
+    """What an export measured (``measure_export``'s result) and what its manifest in ``out`` states, as one row."""
+    row = {
+        "parameters": parameters,
+        "fp32_bytes": parameters * 4,
+        **{k: v for k, v in result.items() if k != "log"},
+        "peak_over_fp32": round(result["peak_bytes"] / (parameters * 4), 3),
+    }
+    if result["rc"] != 0:
+        row["error"] = result["log"][-600:]
+        return row
+    variant = json.loads((out / "manifest.json").read_text())["variants"][0]
+    verification = variant["verification"]
+    row.update(
+        passed=verification["passed"],
+        file=variant["file"],
+        file_bytes=variant["size_bytes"],
+        decode_tok_s=verification.get("runner_decode_tokens_per_s"),
+        prefill_tok_s=verification.get("runner_prefill_tokens_per_s"),
+        gptq_seconds=(variant.get("recipe") or {}).get("gptq", {}).get("seconds"),
+    )
+    return row
+
+
 def run_shape(key: str, work: Path) -> dict:
     import torch
 
@@ -117,29 +141,11 @@ def run_shape(key: str, work: Path) -> dict:
     params = sum(p.numel() for p in LayerwiseModel.open(folder).model.parameters())
     del torch
     out = work / f"{key}-out"
-    result = measure_export(folder, out)
-    row = {
-        "shape": shapes()[key][0],
-        "parameters": params,
-        "fp32_bytes": params * 4,
-        "checkpoint_bytes": index["metadata"]["total_size"],
-        **{k: v for k, v in result.items() if k != "log"},
-        "peak_over_fp32": round(result["peak_bytes"] / (params * 4), 3),
-    }
-    if result["rc"] == 0:
-        manifest = json.loads((out / "manifest.json").read_text())
-        variant = manifest["variants"][0]
-        verification = variant["verification"]
-        quality = verification.get("quality") or {}
-        row.update(
-            file_bytes=variant["size_bytes"],
-            decode_tok_s=verification.get("runner_decode_tokens_per_s"),
-            prefill_tok_s=verification.get("runner_prefill_tokens_per_s"),
-            ppl_ratio=quality.get("ratio"),
-            gptq_seconds=(variant.get("recipe") or {}).get("gptq", {}).get("seconds"),
-        )
-    else:
-        row["error"] = result["log"][-600:]
+    row = {"shape": shapes()[key][0], "checkpoint_bytes": index["metadata"]["total_size"]}
+    row.update(export_row(out, params, measure_export(folder, out)))
+    if row["rc"] == 0:
+        quality = json.loads((out / "manifest.json").read_text())["variants"][0]["verification"].get("quality") or {}
+        row["ppl_ratio"] = quality.get("ratio")
     print(json.dumps(row), flush=True)
     return row
 
