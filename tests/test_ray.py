@@ -267,12 +267,17 @@ def test_an_encoder_task_exports_on_the_cluster_as_on_this_machine(ray_cluster, 
     from hub_export.pipeline.manifest import Manifest
 
     source = getattr(demo, builder)(tmp_path / "tiny")
-    local = export(str(source), tmp_path / "local", qmodes=["8da8w"], jobs=1)
     env = {**os.environ, "COLUMNS": "300", "RAY_USAGE_STATS_ENABLED": "0"}
     command = [str(HUB_EXPORT), "export", str(source), "-o", str(tmp_path / "ray"), "-q", "8da8w",
                "--ray-address", ray_cluster]  # fmt: skip
-    done = subprocess.run(command, capture_output=True, text=True, env=env, timeout=600)
-    assert done.returncode == 0, done.stderr[-2000:]
+    # The cluster's export runs while this machine makes its own: the two are independent processes.
+    on_cluster = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.PIPE, text=True, env=env)
+    try:
+        local = export(str(source), tmp_path / "local", qmodes=["8da8w"], jobs=1)
+        _, stderr = on_cluster.communicate(timeout=600)
+    finally:
+        on_cluster.kill()
+    assert on_cluster.returncode == 0, stderr[-2000:]
     remote = Manifest.read(tmp_path / "ray")
     assert remote.source["task"] == task
     assert [v.sha256 for v in remote.variants] == [v.sha256 for v in local.variants]  # the same bytes
