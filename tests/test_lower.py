@@ -50,6 +50,36 @@ def test_compact_viewers_are_installed_only_while_lowering():
     assert (fx_partitioner._DependencyViewer, group_partitioner._DependencyViewer) == originals
 
 
+def test_merge_checks_on_bits_answer_as_the_group_partitioners_own(monkeypatch):
+    """Every pair of a graph's candidate partitions: the bitset check merges exactly where ExecuTorch's would. Both
+    end on torch's ``validate_partition``; it is taken out here, so the answers are the reachability checks' own."""
+    import itertools
+
+    import torch.fx.passes.utils.fuser_utils as fuser_utils
+
+    monkeypatch.setattr(fuser_utils, "validate_partition", lambda nodes: True)
+
+    from executorch.exir.backend.canonical_partitioners.group_partitioner import GroupBasedPartitioner
+    from torch.fx.passes.infra.partitioner import Partition
+    from torch.fx.passes.operator_support import OperatorSupport
+
+    from hub_export.patches.lowering import CompactDependencyViewer, merge_checks_on_bits
+
+    model = nn.Sequential(*[_Residual() for _ in range(3)])
+    graph_module = torch.export.export(model, (torch.randn(2, 8),)).graph_module
+    nodes = [node for node in graph_module.graph.nodes if node.op == "call_function"]
+    # Single nodes and runs of three: merging across a residual branch would make a cycle.
+    groups = [nodes[i : i + 1] for i in range(len(nodes))] + [nodes[i : i + 3] for i in range(0, len(nodes) - 2, 2)]
+    partitions = {index: Partition(index, group) for index, group in enumerate(groups)}
+    partitioner = GroupBasedPartitioner(graph_module, OperatorSupport())
+    pairs = list(itertools.permutations(partitions, 2))
+    stock = [partitioner._can_merge_partitions(p1, p2, partitions) for p1, p2 in pairs]
+    with merge_checks_on_bits():
+        partitioner.dependency_viewer = CompactDependencyViewer(graph_module)
+        on_bits = [partitioner._can_merge_partitions(p1, p2, partitions) for p1, p2 in pairs]
+    assert on_bits == stock and True in stock and False in stock
+
+
 def _lowered_bytes(model_dir, tmp_path, name: str, qmode: str = "8da4w", shared: bool = False) -> bytes:
     from hub_export.pipeline import lower, quantize
     from hub_export.pipeline.build import load_model

@@ -15,6 +15,7 @@ from hub_export.patches.lowering import (
     compact_dependency_viewers,
     decomposing_once,
     forgetting_tracing_caches,
+    merge_checks_on_bits,
     skipping_idle_edge_passes,
     skipping_idle_xnnpack_passes,
 )
@@ -231,6 +232,7 @@ def to_pte(
             for name, each in programs.items()
         }
         stack.enter_context(compact_dependency_viewers())
+        stack.enter_context(merge_checks_on_bits())
         stack.enter_context(skipping_idle_xnnpack_passes(on_partition))
         several = isinstance(program, dict)
         edge = to_edge_transform_and_lower(
