@@ -231,9 +231,8 @@ def to_pte(
             name: stack.enter_context(decomposing_once(each, partitioners[name])) or each
             for name, each in programs.items()
         }
-        stack.enter_context(compact_dependency_viewers())
-        stack.enter_context(merge_checks_on_bits())
-        stack.enter_context(skipping_idle_xnnpack_passes(on_partition))
+        for patch in compact_dependency_viewers(), merge_checks_on_bits(), skipping_idle_xnnpack_passes(on_partition):
+            stack.enter_context(patch)
         several = isinstance(program, dict)
         edge = to_edge_transform_and_lower(
             ready if several else ready["forward"],
