@@ -32,11 +32,12 @@ test: $(STAMP)
 test-extended: $(STAMP)
 	$(VENV)/bin/pytest -q -m extended --durations=10
 
-# The real models exported and checked (SmolLM2 answers, quality, the judge, the card; the adapter; MiniLM; Whisper): about 36 minutes on 2 AVX2 cores.
+# The real models exported and checked (SmolLM2 answers, quality, lookup, the judge, the card; MiniLM; Whisper).
+# The real adapter and the real fp32 lookup check are slow tests (make test-all).
 test-real: $(STAMP)
 	$(VENV)/bin/pytest -q -m real --durations=10
 
-# A two-node Ray cluster on this machine: batch catalogues, a killed worker, Ctrl-C, the Space on the cluster; about 5 minutes.
+# A two-node Ray cluster on this machine: batch catalogues, a killed worker, Ctrl-C, the Space on the cluster; about 8 minutes on 2 AVX2 cores.
 test-cluster: $(STAMP)
 	$(VENV)/bin/pytest -q -m cluster --durations=10
 
@@ -45,7 +46,7 @@ test-peer: $(STAMP)
 	$(VENV)/bin/pytest -q -m peer --durations=10
 
 # The extended, real and peer suites in one two-worker run (the cluster needs both cores to itself): the real
-# SmolLM2 file takes one worker while the other runs the rest, about 1.5x faster than one after another. CI runs this.
+# SmolLM2 file takes one worker while the other runs the rest. CI runs this.
 test-marked: $(STAMP)
 	$(VENV)/bin/pytest -q -n 2 --dist loadfile -m "extended or real or peer" --durations=25
 

@@ -19,10 +19,10 @@ warnings.filterwarnings("ignore")
 
 # The files that take longest, longest first (measured with --durations). `make test` and `make test-marked` run two
 # workers, each taking whole files as it frees up: in name order the heaviest files come last, and one worker would
-# end alone on them. In the marked suites the real SmolLM2 file (about 30 minutes on 2 AVX2 cores) takes one worker
-# and the real adapter's test (about 23) the other, which then runs the rest.
+# end alone on them. In the marked suites the real SmolLM2 file (about 25 minutes on 2 busy AVX2 cores) takes one
+# worker and the other runs the rest, the peer file's wait on pip first.
 LONGEST_FIRST = (
-    "test_real_model.py", "test_adapters.py", "test_peer_loaders.py", "test_vision_language.py", "test_publish.py",
+    "test_real_model.py", "test_peer_loaders.py", "test_adapters.py", "test_vision_language.py", "test_publish.py",
     "test_speculative.py", "test_hostile_media.py", "test_archs.py", "test_workers.py", "test_bench.py", "test_lora_files.py", "test_kv_cache.py", "test_text2text.py",
     "test_space.py", "test_streaming.py", "test_export.py", "test_generate.py",
 )  # fmt: skip

@@ -206,7 +206,7 @@ def test_adapter_config_is_read_as_hostile_input(tmp_path) -> None:
             read_adapter(folder, "hostile")
 
 
-@pytest.mark.real
+@pytest.mark.slow  # two exports of the real SmolLM2 with GPTQ (about 23 minutes on 2 busy AVX2 cores): make test-all
 def test_the_real_adapter_answers_what_the_base_does_not_know(tmp_path, local_hub) -> None:
     """The shipped Brindlemoor LoRA over the real SmolLM2-135M-Instruct: a merged 8da4w file and an 8da4w pair kept
     apart from the base's weights name the founder the adapter taught, for a wording it was not trained on; the base

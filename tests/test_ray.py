@@ -23,7 +23,7 @@ from hub_export.hub.pull import list_variants
 from hub_export.models.tiny import build_tiny_model
 from hub_export.pipeline.manifest import Manifest, sha256_file
 
-pytestmark = pytest.mark.cluster  # make test-cluster (CI runs it): a real two-node cluster, about 5 minutes
+pytestmark = pytest.mark.cluster  # make test-cluster (CI runs it): a real two-node cluster, about 8 minutes
 
 HUB_EXPORT = Path(sys.executable).parent / "hub-export"
 TASK_TITLE = b"ray::hub-export "  # Ray titles a worker by the task it runs: "hub-export 8da4w SOURCE", "hub-export prepare SOURCE"

@@ -250,7 +250,8 @@ def real_fp32_rows(tmp_path_factory) -> Path:
     return out
 
 
-@pytest.mark.real
+@pytest.mark.slow  # its own fp32 export (about 7 minutes on 2 AVX2 cores): make test-all; tests/test_speculative.py
+# checks the same exactness on a tiny model in the default suite
 def test_real_lookup_output_is_plain_greedy_output_on_the_shipped_prompts(real_fp32_rows):
     """fp32 scores a chunk as it scores one token (to float rounding), so prompt lookup must not change a token."""
     from hub_export.tasks.text_generation.run import generate
