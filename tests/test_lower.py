@@ -99,6 +99,40 @@ def _lowered_bytes(model_dir, tmp_path, name: str, qmode: str = "8da4w", shared:
     return path.read_bytes() + (data_path.read_bytes() if shared else b"")
 
 
+def test_xnnpack_preprocesses_its_partitions_on_the_programs_own_weights(monkeypatch):
+    """ExecuTorch deep-copies each partition's program, weights included, before XNNPACK preprocesses it; under
+    the patch the copies share the weights (no second copy of a quantized model in memory), same bytes."""
+    from executorch.backends.xnnpack.partition.xnnpack_partitioner import XnnpackPartitioner
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+    from executorch.exir import to_edge_transform_and_lower
+
+    from hub_export.patches.lowering import preprocessing_on_shared_weights
+
+    model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 64)).eval()
+    weights = {parameter.data_ptr() for parameter in model.parameters()}
+    seen: list[int] = []
+    stock = XnnpackBackend.preprocess
+
+    def spy(edge_program, compile_specs):
+        seen.extend(tensor.data_ptr() for tensor in edge_program.state_dict.values())
+        return stock(edge_program, compile_specs)
+
+    monkeypatch.setattr(XnnpackBackend, "preprocess", staticmethod(spy))
+
+    def lowered() -> bytes:
+        program = torch.export.export(model, (torch.randn(2, 64),))
+        return to_edge_transform_and_lower(program, partitioner=[XnnpackPartitioner()]).to_executorch().buffer
+
+    with preprocessing_on_shared_weights():
+        shared = lowered()
+    shared_seen, seen[:] = list(seen), []
+    copied = lowered()
+    assert shared == copied
+    assert len(shared_seen) == 4 and set(shared_seen) <= weights
+    assert len(seen) == 4 and not set(seen) & weights  # ExecuTorch's own path copies every weight
+    assert "copy_exported_program_for_preprocess" not in XnnpackBackend.__dict__  # put back as it was
+
+
 @pytest.mark.slow  # two full lowerings (110 s): make test-all
 def test_skipping_idle_xnnpack_passes_leaves_the_pte_unchanged(tiny_model, tmp_path, monkeypatch):
     """The passes skipped on a decoder would only have re-traced it: same bytes with and without skipping."""

@@ -16,6 +16,7 @@ from hub_export.patches.lowering import (
     decomposing_once,
     forgetting_tracing_caches,
     merge_checks_on_bits,
+    preprocessing_on_shared_weights,
     skipping_idle_edge_passes,
     skipping_idle_xnnpack_passes,
 )
@@ -192,6 +193,16 @@ def backend_config(tag: str | None = None, methods: int = 1, kept: Callable[[str
     )
 
 
+def _partitioning_patches(on_partition: Callable[[], None] | None) -> tuple:
+    """What makes partitioning and XNNPACK's preprocess faster and lighter (:mod:`hub_export.patches.lowering`)."""
+    return (
+        compact_dependency_viewers(),
+        merge_checks_on_bits(),
+        skipping_idle_xnnpack_passes(on_partition),
+        preprocessing_on_shared_weights(),
+    )
+
+
 def to_pte(
     program: torch.export.ExportedProgram | dict[str, torch.export.ExportedProgram],
     metadata: dict[str, Any],
@@ -231,7 +242,7 @@ def to_pte(
             name: stack.enter_context(decomposing_once(each, partitioners[name])) or each
             for name, each in programs.items()
         }
-        for patch in compact_dependency_viewers(), merge_checks_on_bits(), skipping_idle_xnnpack_passes(on_partition):
+        for patch in _partitioning_patches(on_partition):
             stack.enter_context(patch)
         several = isinstance(program, dict)
         edge = to_edge_transform_and_lower(
