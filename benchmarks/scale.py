@@ -150,12 +150,29 @@ def run_shape(key: str, work: Path) -> dict:
     return row
 
 
+def machines(result: dict) -> list[str]:
+    """The machines ``result``'s rows were measured on, in row order (a row names its own)."""
+    return list(dict.fromkeys(row.get("machine") or result.get("machine") for row in result["rows"]))
+
+
+def _provenance(result: dict) -> list[str]:
+    """Where and how the rows were measured: one line, or one line per row when they differ."""
+    if len(machines(result)) == 1 and len({row.get("command") for row in result["rows"]}) == 1:
+        row = result["rows"][0]
+        return [
+            f"Machine: {row.get('machine') or result['machine']}. Command: `{row.get('command') or result['command']}`."
+        ]
+    lines = ["Each row was measured on its own run:", ""]
+    lines += [f"- {row['shape']}: {row['machine']}; `{row['command']}`." for row in result["rows"]]
+    return [*lines, ""]
+
+
 def markdown(result: dict) -> str:
     gib = 1 << 30
     lines = [
         "# Export at scale: time, peak memory and file size against parameter count",
         "",
-        f"Machine: {result['machine']}. Command: `{result['command']}`.",
+        *_provenance(result),
         f"Each export: `hub-export export FOLDER {' '.join(EXPORT)}` (defaults: GPTQ, verification); "
         "peak memory is its whole process tree's (the export and the worker process that quantizes and lowers).",
         "",
@@ -195,7 +212,7 @@ def plot(result: dict) -> None:
     right.plot(params, [row["seconds"] / 60 for row in rows], "o-")
     right.set_xlabel("parameters (billions)")
     right.set_ylabel("export wall time (min)")
-    fig.suptitle(f"hub-export defaults (8da4w, GPTQ, 8-bit embeddings); {result['machine']}", fontsize=9)
+    fig.suptitle(f"hub-export defaults (8da4w, GPTQ, 8-bit embeddings); {'; '.join(machines(result))}", fontsize=9)
     fig.tight_layout()
     fig.savefig(RESULTS / "scale.png", dpi=110)
 
@@ -212,17 +229,17 @@ def main(argv: list[str] | None = None) -> None:
     else:
         from hub_export.pipeline.manifest import machine_description
 
-        rows = {row["shape"]: row for row in json.loads(path.read_text())["rows"]} if path.is_file() else {}
+        previous = json.loads(path.read_text()) if path.is_file() else {"rows": []}
+        # each row keeps the machine and command it was measured with
+        rows = {row["shape"]: {"machine": previous.get("machine"), "command": previous.get("command"), **row}
+                for row in previous["rows"]}  # fmt: skip
         order = [name for name, _, _ in shapes().values()]
         with tempfile.TemporaryDirectory(prefix="scale-") as work:
             for key in args.shapes:
                 row = run_shape(key, Path(work))
+                row.update(machine=machine_description(), command=f"python -m benchmarks.scale --shapes {key}")
                 rows[row["shape"]] = row
-                result = {
-                    "machine": machine_description(),
-                    "command": "python -m benchmarks.scale " + " ".join(argv if argv is not None else sys.argv[1:]),
-                    "rows": sorted(rows.values(), key=lambda row: order.index(row["shape"])),
-                }
+                result = {"rows": sorted(rows.values(), key=lambda row: order.index(row["shape"]))}
                 write_results("scale", result, markdown(result))  # after each shape: a long run keeps what it has
     plot(result)
 
