@@ -45,6 +45,7 @@ SECTIONS = {
     "bench-embeddings": "minilm-embeddings",
     "bench-vlm": "vlm-smolvlm-shaped",
     "bench-scale": "scale",
+    "gptq-layer": "gptq-layer",
     "bench-speculative": "speculative",
     "bench-speculative-8da4w": "speculative-8da4w",
     "speculative-rows": "speculative-rows",
