@@ -30,7 +30,7 @@ WINDOW = 512
 
 
 def _matmul_rate() -> float:
-    """Float32 multiply-adds per second (x2: flops) of one 4096-square matmul here, best of three."""
+    """Float32 flops per second of one 4096-square matmul here, best of three."""
     import torch
 
     a, b = torch.randn(4096, 4096), torch.randn(4096, 4096)
@@ -146,7 +146,6 @@ def markdown(result: dict) -> str:
 
 
 def main(argv: list[str] | None = None) -> None:
-    import torch
 
     from hub_export.pipeline.manifest import machine_description
 
@@ -154,7 +153,6 @@ def main(argv: list[str] | None = None) -> None:
     parser.add_argument("--shapes", nargs="+", default=["1.7b", "4b"], choices=["135m", "360m", "1.7b", "4b"])
     parser.add_argument("--tokens", type=int, default=8192, help="calibration tokens (GPTQ reads at most 8192 of text)")
     args = parser.parse_args(argv)
-    torch.set_num_threads(torch.get_num_threads())
     rows = [measure(key, args.tokens) for key in args.shapes]
     command = "python -m benchmarks.gptq_layer " + " ".join(argv if argv is not None else sys.argv[1:])
     result = {"machine": machine_description(), "command": command.strip(), "rows": rows}
