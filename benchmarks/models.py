@@ -122,6 +122,36 @@ def qwen3_4b_config():
     )  # fmt: skip
 
 
+def llama3_2_1b_config():
+    """Llama 3.2 1B's shape: hidden 2048, 16 layers, 32 heads / 8 KV heads of 64, intermediate 8192, llama3 rope
+    scaling (factor 32 over 8192 original positions), tied embeddings of 128,256 rows."""
+    from transformers import LlamaConfig
+
+    rope = {"rope_type": "llama3", "factor": 32.0, "low_freq_factor": 1.0, "high_freq_factor": 4.0,
+            "original_max_position_embeddings": 8192}  # fmt: skip
+    return LlamaConfig(
+        vocab_size=128256, hidden_size=2048, intermediate_size=8192, num_hidden_layers=16, num_attention_heads=32,
+        num_key_value_heads=8, head_dim=64, max_position_embeddings=131072, rope_theta=500000.0, rope_scaling=rope,
+        rms_norm_eps=1e-5, tie_word_embeddings=True, bos_token_id=128000, eos_token_id=128001,
+    )  # fmt: skip
+
+
+def gemma3_1b_config():
+    """Gemma 3 1B's text shape: hidden 1152, 26 layers (5 sliding per global, window 512), 4 heads / 1 KV head of
+    256, intermediate 6912, tied embeddings of 262,144 rows."""
+    from transformers import Gemma3TextConfig
+
+    layers = 26
+    return Gemma3TextConfig(
+        vocab_size=262144, hidden_size=1152, intermediate_size=6912, num_hidden_layers=layers, num_attention_heads=4,
+        num_key_value_heads=1, head_dim=256, sliding_window=512,
+        layer_types=["full_attention" if (i + 1) % 6 == 0 else "sliding_attention" for i in range(layers)],
+        max_position_embeddings=32768, rope_theta=1_000_000.0, rope_local_base_freq=10_000.0,
+        query_pre_attn_scalar=256, rms_norm_eps=1e-6, bos_token_id=2, eos_token_id=1, pad_token_id=0,
+        tie_word_embeddings=True,
+    )  # fmt: skip
+
+
 SHARD_BYTES = 2 << 30  # checkpoint shards as the Hub writes them (a few GB each)
 
 

@@ -25,7 +25,7 @@ import sys
 from pathlib import Path
 
 from benchmarks.llamacpp import WORK as LLAMACPP_WORK
-from benchmarks.report import RESULTS, write_results
+from benchmarks.report import RESULTS, provenance, write_results
 from benchmarks.scale import export_row, measure_export
 
 QUESTION = "Write a Python function that returns the square of a number."
@@ -83,7 +83,7 @@ def markdown(result: dict) -> str:
     lines = [
         "### Real checkpoints at size: Qwen2.5-Coder Instruct from its packaged GGUF",
         "",
-        f"Machine: {'; '.join(sorted({row['machine'] for row in result['rows']}))}. Command: `{result['command']}`. "
+        *provenance(result["rows"], "model"),
         "Each export: "
         "`hub-export export FILE.gguf --qmode 8da4w --qembedding 8w --max-seq-len 512` (defaults: GPTQ, "
         "verification) in a fresh process; peak memory is its process tree's; perplexity over the two shipped texts, "
@@ -131,11 +131,8 @@ def main(argv: list[str] | None = None) -> None:
     order = [gguf.name for gguf in CHUNKED_GGUFS.values()]
     for key in args.models:
         row = run_model(key)
-        rows[row["model"]] = row
-        result = {
-            "command": "python -m benchmarks.real_weights " + " ".join(argv if argv is not None else sys.argv[1:]),
-            "rows": sorted(rows.values(), key=lambda row: order.index(row["model"])),
-        }
+        rows[row["model"]] = {**row, "command": f"python -m benchmarks.real_weights --models {key}"}
+        result = {"rows": sorted(rows.values(), key=lambda row: order.index(row["model"]))}
         write_results("real-weights", result, markdown(result))  # after each model: a long run keeps what it has
 
 

@@ -39,3 +39,14 @@ def write_results(name: str, result: dict, markdown: str | None = None) -> None:
     if markdown is not None:
         (RESULTS / f"{name}.md").write_text(markdown)
         print(markdown)
+
+
+def provenance(rows: list[dict], label: str) -> list[str]:
+    """Where and how ``rows`` were measured, for a results page: one line when they share a machine and a command,
+    else one line per row (named by its ``label`` key). Each row carries its own ``machine`` and ``command``, so
+    merging a new run into older results keeps what each figure came from."""
+    if len({(row["machine"], row["command"]) for row in rows}) == 1:
+        return [f"Machine: {rows[0]['machine']}. Command: `{rows[0]['command']}`."]
+    lines = ["Each row was measured on its own run:", ""]
+    lines += [f"- {row[label]}: {row['machine']}; `{row['command']}`." for row in rows]
+    return [*lines, ""]

@@ -1,14 +1,15 @@
-"""Export time, peak memory and file size against parameter count: SmolLM2 135M, 360M, 1.7B, Qwen3-4B, Phi-4-mini.
+"""Export time, peak memory and file size against parameter count: SmolLM2 135M, 360M, 1.7B, Gemma 3 1B,
+Llama 3.2 1B, Qwen3-4B, Phi-4-mini.
 
 Each shape is a real configuration at its real widths with random weights (bfloat16
 safetensors shards, as the Hub ships them) and a real tokenizer where one is packaged
-(SmolLM2's, from the packaged GGUF); speed and memory do not depend on the values.
+(SmolLM2's and Gemma 3's, from the packaged GGUFs); speed and memory do not depend on the values.
 Each export runs the defaults (8da4w, GPTQ, 8-bit embeddings, verification) in a fresh
 process; its peak is the largest memory of that process and its children together
 (proportional set sizes summed, so pages a forked child shares count once), sampled every
 0.2 s, beside the largest resident set of any one of them.
 
-    python -m benchmarks.scale                       # every shape (about 1.5 hours)
+    python -m benchmarks.scale                       # every shape (hours: 4B and Phi-4-mini take over an hour each on 2 cores)
     python -m benchmarks.scale --shapes 135m 1.7b    # some of them
     python -m benchmarks.scale --markdown-only       # the table and plot from results/scale.json
 
@@ -28,7 +29,7 @@ import threading
 import time
 from pathlib import Path
 
-from benchmarks.report import RESULTS, write_results
+from benchmarks.report import RESULTS, provenance, write_results
 
 MODELS = Path(os.environ.get("HUB_EXPORT_BENCH_MODELS", Path.home() / ".cache" / "hub-export-bench"))
 MAX_SEQ_LEN = 512
@@ -36,25 +37,30 @@ EXPORT = ["--qmode", "8da4w", "--qembedding", "8w", "--max-seq-len", str(MAX_SEQ
 
 
 def shapes() -> dict:
+    """Each shape's name, config and the packaged GGUF whose real tokenizer it gets (None: the demo tokenizer padded
+    to the vocabulary). The 1-4B shapes are the structures people put on phones: Llama 3.2's rope scaling, Qwen3's
+    QK-norm, Phi-4-mini's partial rotary and fused projections, Gemma 3's window layers."""
     from benchmarks import models
+    from hub_export.models.packaged import packaged_gemma3, packaged_smollm2
 
     return {
-        "135m": ("SmolLM2-135M", models.smollm2_135m_config, True),
-        "360m": ("SmolLM2-360M", models.smollm2_360m_config, True),
-        "1.7b": ("SmolLM2-1.7B", models.smollm2_1_7b_config, True),
-        "4b": ("Qwen3-4B", models.qwen3_4b_config, False),
-        "phi4-mini": ("Phi-4-mini", models.phi4_mini_config, False),
+        "135m": ("SmolLM2-135M", models.smollm2_135m_config, packaged_smollm2),
+        "360m": ("SmolLM2-360M", models.smollm2_360m_config, packaged_smollm2),
+        "gemma3-1b": ("Gemma 3 1B", models.gemma3_1b_config, packaged_gemma3),
+        "llama3.2-1b": ("Llama 3.2 1B", models.llama3_2_1b_config, None),
+        "1.7b": ("SmolLM2-1.7B", models.smollm2_1_7b_config, packaged_smollm2),
+        "4b": ("Qwen3-4B", models.qwen3_4b_config, None),
+        "phi4-mini": ("Phi-4-mini", models.phi4_mini_config, None),
     }
 
 
 def model_folder(key: str) -> Path:
-    """The shape's checkpoint folder, built once (SmolLM2 shapes get the real SmolLM2 tokenizer)."""
+    """The shape's checkpoint folder, built once."""
     from benchmarks.models import build_large_shaped
-    from hub_export.models.packaged import packaged_smollm2
     from hub_export.pipeline.gguf_source import converted_folder
 
-    name, config, smollm2_tokenizer = shapes()[key]
-    tokenizer = converted_folder(packaged_smollm2())[0] if smollm2_tokenizer else None
+    name, config, tokenizer_gguf = shapes()[key]
+    tokenizer = converted_folder(tokenizer_gguf())[0] if tokenizer_gguf else None
     return build_large_shaped(MODELS / f"{key}-shaped", config(), tokenizer_folder=tokenizer)
 
 
@@ -151,20 +157,8 @@ def run_shape(key: str, work: Path) -> dict:
 
 
 def machines(result: dict) -> list[str]:
-    """The machines ``result``'s rows were measured on, in row order (a row names its own)."""
-    return list(dict.fromkeys(row.get("machine") or result.get("machine") for row in result["rows"]))
-
-
-def _provenance(result: dict) -> list[str]:
-    """Where and how the rows were measured: one line, or one line per row when they differ."""
-    if len(machines(result)) == 1 and len({row.get("command") for row in result["rows"]}) == 1:
-        row = result["rows"][0]
-        return [
-            f"Machine: {row.get('machine') or result['machine']}. Command: `{row.get('command') or result['command']}`."
-        ]
-    lines = ["Each row was measured on its own run:", ""]
-    lines += [f"- {row['shape']}: {row['machine']}; `{row['command']}`." for row in result["rows"]]
-    return [*lines, ""]
+    """The machines ``result``'s rows were measured on, in row order."""
+    return list(dict.fromkeys(row["machine"] for row in result["rows"]))
 
 
 def markdown(result: dict) -> str:
@@ -172,7 +166,7 @@ def markdown(result: dict) -> str:
     lines = [
         "# Export at scale: time, peak memory and file size against parameter count",
         "",
-        *_provenance(result),
+        *provenance(result["rows"], "shape"),
         f"Each export: `hub-export export FOLDER {' '.join(EXPORT)}` (defaults: GPTQ, verification); "
         "peak memory is its whole process tree's (the export and the worker process that quantizes and lowers).",
         "",
@@ -230,9 +224,7 @@ def main(argv: list[str] | None = None) -> None:
         from hub_export.pipeline.manifest import machine_description
 
         previous = json.loads(path.read_text()) if path.is_file() else {"rows": []}
-        # each row keeps the machine and command it was measured with
-        rows = {row["shape"]: {"machine": previous.get("machine"), "command": previous.get("command"), **row}
-                for row in previous["rows"]}  # fmt: skip
+        rows = {row["shape"]: row for row in previous["rows"]}  # each keeps the machine and command it came from
         order = [name for name, _, _ in shapes().values()]
         with tempfile.TemporaryDirectory(prefix="scale-") as work:
             for key in args.shapes:
