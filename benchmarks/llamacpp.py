@@ -24,6 +24,9 @@ the prompt (cached, so one new token is evaluated per request) and a ``logit_bia
 the next token; the server reports that token's log-probability from the raw logits,
 before the bias. fp32 is the GGUF dequantized, in eager transformers, on the same windows.
 
+Bandwidth ceiling: the same run times a streaming read of 1 GiB (1 and 2 threads) and states each file's
+decode against the weight bytes it reads per token over that rate.
+
 Writes ``benchmarks/results/llamacpp-<model>.{json,md}``.
 """
 
@@ -206,6 +209,41 @@ def perplexities(python: Path, gguf: Path, pte: Path, tokens: int) -> dict:
     }
 
 
+def stream_rates(repeats: int = 7) -> dict[str, float]:
+    """This machine's streaming read rate in GB/s with 1 and 2 threads: the median of ``repeats`` sums of 1 GiB of
+    float32 (a read the hardware prefetches, with no arithmetic to wait on)."""
+    import torch
+
+    threads, rates = torch.get_num_threads(), {}
+    data = torch.ones(1 << 28)
+    for count in (1, 2):
+        torch.set_num_threads(count)
+        data.sum()
+        times = []
+        for _ in range(repeats):
+            started = time.perf_counter()
+            data.sum()
+            times.append(time.perf_counter() - started)
+        rates[str(count)] = round(data.numel() * 4 / statistics.median(times) / 1e9, 1)
+    torch.set_num_threads(threads)
+    return rates
+
+
+def decode_bytes(gguf: Path, pte: Path) -> dict[str, int]:
+    """The weight bytes each file reads per decoded token: everything but the token embedding table, of which one
+    row is read (llama.cpp reads an untied head's own tensor, or the table whole as the tied head; our file keeps
+    the head apart from its 8-bit table, one byte per entry). The KV cache's reads come on top: small at these
+    lengths."""
+    from gguf import GGUFReader
+
+    tensors = {tensor.name: tensor for tensor in GGUFReader(gguf).tensors}
+    table = tensors["token_embd.weight"]
+    hidden, vocab = (int(n) for n in table.shape)
+    tied = "output.weight" not in tensors
+    llama = sum(int(tensor.n_bytes) for tensor in tensors.values()) - (0 if tied else int(table.n_bytes))
+    return {"llama.cpp": llama, "hub-export": pte.stat().st_size - vocab * hidden}
+
+
 def measure(name: str, python: Path, rounds: int, ppl_tokens: int) -> dict:
     """One model: export (cached), speed rounds, perplexities; the record written to its results."""
     import hub_export.models.packaged  # the packaged GGUFs: looked up by a measuring run only
@@ -236,6 +274,8 @@ def measure(name: str, python: Path, rounds: int, ppl_tokens: int) -> dict:
         "our_runtime_memory": manifest.variants[0].runtime_memory,
         "runs": runs,
         "perplexity": perplexities(python, gguf, pte, ppl_tokens) if ppl_tokens > 0 else None,
+        "stream_gb_s": stream_rates(),
+        "decode_bytes": decode_bytes(gguf, pte),
     }
 
 
@@ -267,6 +307,8 @@ def markdown(record: dict) -> str:
     ]
     if record.get("runs"):
         lines += ["", *_speed_lines(record)]
+    if record.get("runs") and record.get("stream_gb_s"):
+        lines += ["", *_ceiling_lines(record)]
     if record.get("perplexity"):
         lines += ["", *_perplexity_lines(record["perplexity"], record["files"])]
     elif record.get("our_perplexity"):
@@ -312,6 +354,32 @@ def _speed_lines(record: dict) -> list[str]:
         + (f" What running our file to full context adds, measured at export by a fresh process: "
            f"{memory['peak_rss_bytes'] / 1e6:.1f} MB." if memory.get("peak_rss_bytes") else "")
     )  # fmt: skip
+    return lines
+
+
+def _ceiling_lines(record: dict) -> list[str]:
+    """Each file's decode against the memory-bandwidth ceiling: its weight bytes per token over a streaming read."""
+    rates = record["stream_gb_s"]
+    lines = [
+        f"Memory-bandwidth ceiling: a streaming read of 1 GiB runs at {rates['1']:.1f} GB/s on 1 thread and "
+        f"{rates['2']:.1f} GB/s on 2 (median of 7, same run). A decoded token reads each file's weights but the "
+        "embedding table, of which one row (the KV cache on top):",
+        "",
+        "| file | weight bytes per token | ceiling, 1 / 2 threads (tok/s) | decode measured, 1 / 2 threads: share of ceiling |",
+        "|---|---|---|---|",
+    ]
+    for name in ("llama.cpp", "hub-export"):
+        size = record["decode_bytes"][name]
+        ceilings = {threads: rates[threads] * 1e9 / size for threads in ("1", "2")}
+        shares = {
+            threads: statistics.median(run["decode_tokens_per_s"] for run in record["runs"][name][threads])
+            / ceilings[threads]
+            for threads in ceilings
+        }
+        lines.append(
+            f"| {name} | {size / 1e6:.0f} MB | {ceilings['1']:.1f} / {ceilings['2']:.1f} "
+            f"| {shares['1']:.0%} / {shares['2']:.0%} |"
+        )
     return lines
 
 
