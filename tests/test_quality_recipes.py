@@ -225,6 +225,33 @@ def test_gptq_keeps_a_layer_output_closer_than_rounding_each_weight():
     assert torch.equal(scales.to(torch.bfloat16).float(), scales)  # the scales XNNPACK will store, exactly
 
 
+def test_gptq_rounds_a_lazy_batch_as_the_column_by_column_definition_does():
+    """The blocked carrying of each column's error (sub-blocks, matrix products) gives the codes of GPTQ's plain
+    definition: round a column, then subtract its scaled error from every later column, one column at a time."""
+    import torch
+
+    from hub_export.pipeline.gptq import BLOCK, SUB_BLOCK, _round_block, _upper_inverse_cholesky
+
+    torch.manual_seed(0)
+    columns, rows = BLOCK, 96
+    assert columns > 2 * SUB_BLOCK  # several sub-blocks, carried into each other
+    inputs = torch.randn(1024, columns) @ (0.3 * torch.randn(columns, columns) + torch.eye(columns))
+    hessian = 2 * inputs.T @ inputs / len(inputs)
+    inverse = _upper_inverse_cholesky(hessian + 0.01 * hessian.diag().mean() * torch.eye(columns))
+    weight = 0.05 * torch.randn(columns, rows)  # transposed: one column of the weight per row
+    scale = (weight.abs().amax(0, keepdim=True) / 7.5).expand(columns, rows).contiguous()
+
+    expected, carried = torch.empty_like(weight), weight.double().clone()
+    for i in range(columns):
+        expected[i] = (carried[i] / scale[i]).round().clamp(-8, 7)
+        error = (carried[i] - expected[i] * scale[i]) / inverse[i, i]
+        carried[i + 1 :] -= inverse[i, i + 1 :, None].double() * error[None, :]
+    codes = torch.empty_like(weight)
+    _round_block(weight.clone(), scale, inverse, codes)
+    differing = int((codes != expected).sum())
+    assert differing <= codes.numel() // 1000, differing  # float sums in another order: a near-tie at most
+
+
 def test_a_gptq_variant_stores_exactly_the_calibrated_codes(fp32_model, tiny_model):
     """Every grouped int4 layer of an 8da4w copy holds GPTQ's codes and scales; the fp32 model is untouched; the
     int8 head of a shared-embedding export is left out."""
