@@ -252,6 +252,24 @@ def test_gptq_rounds_a_lazy_batch_as_the_column_by_column_definition_does():
     assert differing <= codes.numel() // 1000, differing  # float sums in another order: a near-tie at most
 
 
+def test_gptq_rounds_a_tall_weight_slice_by_slice_to_the_same_codes(monkeypatch):
+    """An output head of 150k rows is rounded a slice of rows at a time (its temporaries stay small); the codes and
+    scales are those of the whole weight at once, and the caller's weight is left as it was."""
+    import torch
+
+    from hub_export.pipeline import gptq
+
+    torch.manual_seed(0)
+    inputs = torch.randn(1024, 256) @ (0.3 * torch.randn(256, 256) + torch.eye(256))
+    hessian, weight = 2 * inputs.T @ inputs / len(inputs), 0.05 * torch.randn(1000, 256)
+    before = weight.clone()
+    whole = gptq.round_weight(weight, hessian, 32)
+    monkeypatch.setattr(gptq, "ROUND_BYTES", 300 * 256 * 4)  # 300 rows a slice: four slices, the last short
+    sliced = gptq.round_weight(weight, hessian, 32)
+    assert torch.equal(sliced[0], whole[0]) and torch.equal(sliced[1], whole[1])
+    assert sliced[0].shape == (1000, 256) and sliced[1].shape == (1000, 8) and torch.equal(weight, before)
+
+
 def test_a_gptq_variant_stores_exactly_the_calibrated_codes(fp32_model, tiny_model):
     """Every grouped int4 layer of an 8da4w copy holds GPTQ's codes and scales; the fp32 model is untouched; the
     int8 head of a shared-embedding export is left out."""

@@ -55,6 +55,7 @@ HESSIAN_BYTES = 256 << 20  # Hessians held at once (float32)
 SCALE_ROWS = 256  # rows whose scales are searched at once (their temporaries fit in cache)
 GRAM_BLOCK = 1024  # input columns per block of a Hessian's sum
 BLOCK = 128  # columns rounded before the rest of the matrix is updated (the lazy batch of the paper)
+ROUND_BYTES = 128 << 20  # float32 bytes of weight rows rounded at once
 SUB_BLOCK = 16  # columns within a lazy batch whose errors are carried into the rest of it at once
 
 
@@ -188,30 +189,43 @@ def round_weight(weight: torch.Tensor, hessian: torch.Tensor, group_size: int) -
     """
     import torch
 
-    weight = weight.detach().float().clone()
     hessian = hessian.detach().float().clone()
     cols = weight.shape[1]
     dead = torch.diag(hessian) == 0  # inputs never driven on the text: their weights cannot matter there
     hessian[dead, dead] = 1.0
     importance = torch.diag(hessian).clone()
-    scales = _group_scales(weight, importance, group_size)
-    column_scale = scales.repeat_interleave(group_size, dim=1)
     order = torch.argsort(importance, descending=True)
-    weight, column_scale = weight[:, order], column_scale[:, order]
     hessian = hessian[order[:, None], order[None, :]]  # one gather, not two
     hessian.diagonal().add_(DAMPING * importance.mean())  # no cols x cols identity to add
     inverse = _upper_inverse_cholesky(hessian)
+    del hessian
+    # Rows are rounded independently of each other given the Hessian, so a tall weight (an output head of 150k
+    # rows) is rounded a slice of rows at a time: its temporaries stay a few hundred MB, not 4x the weight.
+    step = max(1, ROUND_BYTES // (4 * cols))
+    rounded = [_round_rows(weight[row : row + step].detach(), importance, order, inverse, group_size)
+               for row in range(0, weight.shape[0], step)]  # fmt: skip
+    return torch.cat([codes for codes, _ in rounded]), torch.cat([scales for _, scales in rounded])
+
+
+def _round_rows(
+    weight: torch.Tensor, importance: torch.Tensor, order: torch.Tensor, inverse: torch.Tensor, group_size: int
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """GPTQ-round some rows of a weight: :func:`round_weight` after the Hessian is factorised."""
+    import torch
+
+    cols = weight.shape[1]
+    scales = _group_scales(weight.float(), importance, group_size)
     # Columns are rounded one after another, so the work runs on the transpose: each column a contiguous row.
     # The same arithmetic in the same order as on the weight itself (same codes), 2-3x faster on large layers.
-    weight, column_scale = weight.T.contiguous(), column_scale.T.contiguous()
+    weight = weight.float()[:, order].T.contiguous()  # a copy: the caller's weight is left as it is
+    column_scale = scales.repeat_interleave(group_size, dim=1)[:, order].T.contiguous()
     codes = torch.zeros_like(weight)
     for start in range(0, cols, BLOCK):
         end = min(start + BLOCK, cols)
         errors = _round_block(weight[start:end].clone(), column_scale[start:end], inverse[start:end, start:end],
                               codes[start:end])  # fmt: skip
         weight[end:].addmm_(inverse[start:end, end:].T, errors, alpha=-1)  # in place: no temporary of the rest
-    codes = codes.T[:, torch.argsort(order)]
-    return codes.to(torch.int8), scales
+    return codes.T[:, torch.argsort(order)].to(torch.int8), scales
 
 
 def _round_block(block: torch.Tensor, scale: torch.Tensor, inverse: torch.Tensor, codes: torch.Tensor) -> torch.Tensor:
