@@ -183,14 +183,15 @@ def _scored(logprobs, fp32, top_ids) -> dict:
 
 def perplexities(python: Path, gguf: Path, pte: Path, tokens: int) -> dict:
     """fp32, ours and llama.cpp's perplexity on the same windows of the evaluation text."""
-    from hub_export.pipeline.verify import EVAL_TEXT, _runtime_text
+    from hub_export.pipeline.verify import EVAL_TEXT, _runtime_text, _Steps
     from hub_export.runtime.pte import PteModel  # the ExecuTorch runtime: loaded by a measuring run only
 
     seconds, started = {}, time.perf_counter()
     ours = PteModel(pte)
     windows, fp32 = reference(gguf, int(ours.metadata["get_max_seq_len"]), tokens)
     seconds["fp32"], started = time.perf_counter() - started, time.perf_counter()
-    run = _runtime_text(ours, windows, fp32, None)
+    steps = _Steps(lambda message: print(message, flush=True), sum(int(window.shape[1]) - 1 for window in windows))
+    run = _runtime_text(ours, windows, fp32, None, steps)
     seconds["hub-export"] = time.perf_counter() - started
     del ours
     stdin = json.dumps([window[0].tolist() for window in windows])
@@ -303,7 +304,9 @@ def markdown(record: dict) -> str:
     title, gguf_words, _ = MODELS[record.get("model", "smollm2")]
     lines = [
         f"{title}: llama.cpp (xllamacpp) on {gguf_words} against hub-export's file exported from it (8da4w, "
-        f"8-bit embeddings); {record['machine']}; `python -m benchmarks.llamacpp --models {record.get('model', 'smollm2')}`."
+        f"8-bit embeddings); {record['machine']}; `python -m benchmarks.llamacpp --models {record.get('model', 'smollm2')}"
+        + (f" --rounds {record['rounds']}" if record.get("rounds", 5) != 5 else "")
+        + "`."
     ]
     if record.get("runs"):
         lines += ["", *_speed_lines(record)]

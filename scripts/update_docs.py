@@ -38,6 +38,7 @@ SECTIONS = {
     "group-size": "group-size",
     "bench-llamacpp-smollm2": "llamacpp-smollm2",
     "bench-llamacpp-gemma3": "llamacpp-gemma3",
+    "bench-llamacpp-qwen-1-5b": "llamacpp-qwen2.5-coder-1.5b",
     "decode-floor": "decode-floor-8da4w",
     "decode-floor-8da8w": "decode-floor-8da8w",
     "sdpa-threads": "sdpa-threads",
