@@ -214,15 +214,17 @@ def _round_rows(
     import torch
 
     cols = weight.shape[1]
-    scales = _group_scales(weight.float(), importance, group_size)
+    weight = weight.float()
+    scales = _group_scales(weight, importance, group_size)
     # Columns are rounded one after another, so the work runs on the transpose: each column a contiguous row.
     # The same arithmetic in the same order as on the weight itself (same codes), 2-3x faster on large layers.
-    weight = weight.float()[:, order].T.contiguous()  # a copy: the caller's weight is left as it is
+    weight = weight[:, order].T.contiguous()  # a copy: the caller's weight is left as it is
     column_scale = scales.repeat_interleave(group_size, dim=1)[:, order].T.contiguous()
     codes = torch.zeros_like(weight)
     for start in range(0, cols, BLOCK):
         end = min(start + BLOCK, cols)
-        errors = _round_block(weight[start:end].clone(), column_scale[start:end], inverse[start:end, start:end],
+        # the batch's own rows are rounded in place: nothing reads them again
+        errors = _round_block(weight[start:end], column_scale[start:end], inverse[start:end, start:end],
                               codes[start:end])  # fmt: skip
         weight[end:].addmm_(inverse[start:end, end:].T, errors, alpha=-1)  # in place: no temporary of the rest
     return codes.T[:, torch.argsort(order)].to(torch.int8), scales
