@@ -183,15 +183,14 @@ def _scored(logprobs, fp32, top_ids) -> dict:
 
 def perplexities(python: Path, gguf: Path, pte: Path, tokens: int) -> dict:
     """fp32, ours and llama.cpp's perplexity on the same windows of the evaluation text."""
-    from hub_export.pipeline.verify import EVAL_TEXT, _runtime_text, _Steps
+    from hub_export.pipeline.verify import EVAL_TEXT, runtime_scores
     from hub_export.runtime.pte import PteModel  # the ExecuTorch runtime: loaded by a measuring run only
 
     seconds, started = {}, time.perf_counter()
     ours = PteModel(pte)
     windows, fp32 = reference(gguf, int(ours.metadata["get_max_seq_len"]), tokens)
     seconds["fp32"], started = time.perf_counter() - started, time.perf_counter()
-    steps = _Steps(lambda message: print(message, flush=True), sum(int(window.shape[1]) - 1 for window in windows))
-    run = _runtime_text(ours, windows, fp32, None, steps)
+    target_logprobs, top_ids = runtime_scores(ours, windows, lambda message: print(message, flush=True))
     seconds["hub-export"] = time.perf_counter() - started
     del ours
     stdin = json.dumps([window[0].tolist() for window in windows])
@@ -203,7 +202,7 @@ def perplexities(python: Path, gguf: Path, pte: Path, tokens: int) -> dict:
         "windows": [window.shape[1] for window in windows],
         "first_ids": windows[0][0, :2].tolist(),
         "fp32": {"tokens": int(fp32.target_logprobs.numel()), "perplexity": round(fp32_perplexity, 4)},
-        "hub-export": _scored(run.target_lp, fp32, run.argmax),
+        "hub-export": _scored(target_logprobs, fp32, top_ids),
         "llama.cpp": {**_scored(llama["logprobs"], fp32, llama["top_ids"]), "nll": round(llama["nll"], 4)},
         "threads": PPL_THREADS,
         "seconds": {key: round(value, 1) for key, value in seconds.items()},

@@ -366,6 +366,24 @@ class _Steps:
                 )
 
 
+def runtime_scores(
+    pte: PteModel, windows: list[torch.Tensor], say: Callable[[str], None] = lambda message: None
+) -> tuple[torch.Tensor, torch.Tensor]:
+    """The ``.pte``'s log-probability of each next token of ``windows`` (token ids [1, n], each fed from position 0)
+    and its top token there, one runtime step per position as verification scores a file; ``say`` gets progress.
+
+    Example:
+        >>> target_logprobs, top_ids = runtime_scores(PteModel(path), [torch.tensor([[1, 2, 3]])])
+        >>> target_logprobs.shape
+        torch.Size([2])
+    """
+    steps = _Steps(say, sum(int(window.shape[1]) - 1 for window in windows))
+    run = _runtime_text(pte, windows, None, None, steps)
+    if run is None:
+        return torch.empty(0), torch.empty(0, dtype=torch.long)
+    return run.target_lp, run.argmax
+
+
 def _runtime_text(
     pte: PteModel, windows: list[torch.Tensor], fp32: TokenStats | None, eager: TokenStats | None, steps: _Steps
 ) -> _TextRun | None:
