@@ -56,15 +56,34 @@ def test_logits_read_layer_by_layer_equal_the_whole_model(family_folder, model_t
     assert all(p.device.type == "meta" for name, p in layerwise.model.named_parameters() if ".layers." in name)
 
 
-def test_gptq_layer_by_layer_gives_the_whole_models_codes(tiny_model):
+@pytest.fixture(scope="module")
+def untied_model(tmp_path_factory) -> Path:
+    """The tiny Llama with an output head of its own, as the packaged Qwen2.5-Coder-1.5B GGUF has."""
+    from hub_export.models.tiny import tiny_llama_config
+
+    return build_tiny_model(
+        tmp_path_factory.mktemp("untied") / "m", config=tiny_llama_config(tie_word_embeddings=False)
+    )
+
+
+@pytest.fixture(params=["tied", "untied"])
+def either_model(request, tiny_model, untied_model) -> Path:
+    return tiny_model if request.param == "tied" else untied_model
+
+
+def test_gptq_layer_by_layer_gives_the_whole_models_codes(either_model):
     from hub_export.pipeline.calibrate import round_int4, round_int4_layerwise
 
+    tiny_model = either_model
     options = ExportOptions(qmodes=("8da4w",))
     whole = round_int4(load_model(tiny_model, False), tiny_model / "tokenizer.json", options, max_seq_len=64)
     lines: list[str] = []
-    streamed = round_int4_layerwise(LayerwiseModel.open(tiny_model), tiny_model / "tokenizer.json", options,
-                                    lines.append, max_seq_len=64)  # fmt: skip
+    layerwise = LayerwiseModel.open(tiny_model)
+    streamed = round_int4_layerwise(layerwise, tiny_model / "tokenizer.json", options, lines.append, max_seq_len=64)
     assert list(streamed.packed) == list(whole.packed) and "lm_head" in streamed
+    # An embedding table of its own is let go once the passes have started (a tied one is the head: it stays)
+    table = layerwise.model.get_input_embeddings().weight
+    assert table.device.type == ("cpu" if layerwise.model.config.tie_word_embeddings else "meta")
     for name in whole.packed:
         assert torch.equal(streamed.packed[name], whole.packed[name]), name
         assert torch.equal(streamed.scales[name], whole.scales[name]), name
@@ -72,8 +91,10 @@ def test_gptq_layer_by_layer_gives_the_whole_models_codes(tiny_model):
     assert any("decoder layer 1 of 2" in line for line in lines)
 
 
-def test_the_reference_read_layer_by_layer_equals_the_whole_models(tiny_model):
+def test_the_reference_read_layer_by_layer_equals_the_whole_models(either_model):
     from hub_export.pipeline.source import Source
+
+    tiny_model = either_model
     from hub_export.pipeline.streaming import prepare_streamed
     from hub_export.pipeline.verify import build_reference
 
@@ -246,3 +267,25 @@ def test_spilled_gptq_codes_read_back_as_they_were(tmp_path):
         assert torch.equal(read_codes, codes[name]) and torch.equal(read_scales, scales[name])
         assert torch.equal(rounding.weight(name), weights[name])
     assert rounding.record()["layers"] == 2
+
+
+def test_a_quantized_head_run_in_slices_gives_the_same_logits(tiny_model):
+    """The quantized model's logits that its file must reproduce are taken with the head run a slice of rows at a
+    time (a whole int4 head dequantizes to float32 temporaries 2.4x its fp32 size): the same logits, bit for bit."""
+    from torchao.quantization import quantize_
+
+    from hub_export.pipeline.quantize import dynamic_activation_config
+    from hub_export.tasks.text_generation.export import sliced_head
+
+    model = load_model(tiny_model, False)
+    quantize_(model, dynamic_activation_config(4, 32))
+    window = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12]])
+    head = model.get_output_embeddings()
+    assert type(head.weight).__name__ == "IntxUnpackedToInt8Tensor" and head.out_features == 512
+    with torch.no_grad():
+        whole = model(input_ids=window).logits
+        with sliced_head(model, rows=100):  # six slices, the last one short
+            sliced = model(input_ids=window).logits
+        after = model(input_ids=window).logits
+    assert torch.equal(sliced, whole) and torch.equal(after, whole)
+    assert "forward" not in vars(head)  # the head's own forward is back

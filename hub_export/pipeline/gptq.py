@@ -189,22 +189,33 @@ def round_weight(weight: torch.Tensor, hessian: torch.Tensor, group_size: int) -
     """
     import torch
 
-    hessian = hessian.detach().float().clone()
     cols = weight.shape[1]
-    dead = torch.diag(hessian) == 0  # inputs never driven on the text: their weights cannot matter there
-    hessian[dead, dead] = 1.0
-    importance = torch.diag(hessian).clone()
+    importance = hessian.detach().float().diagonal().clone()
+    importance[importance == 0] = 1.0  # inputs never driven on the text: their weights cannot matter there
     order = torch.argsort(importance, descending=True)
-    hessian = hessian[order[:, None], order[None, :]]  # one gather, not two
-    hessian.diagonal().add_(DAMPING * importance.mean())  # no cols x cols identity to add
-    inverse = _upper_inverse_cholesky(hessian)
+    # A down projection's Hessian is cols² floats (320 MB at 8,960 inputs); the caller's goes once it is permuted
+    # (when the caller handed it over, as a layer's rounding does) and the permuted one once it is factorised.
+    reversed_hessian = _reversed_damped(hessian.detach().float(), order, importance)
     del hessian
+    lower_inverse = _inverse_cholesky_factor(reversed_hessian)
+    del reversed_hessian
+    inverse = _reversed(lower_inverse)
+    del lower_inverse
     # Rows are rounded independently of each other given the Hessian, so a tall weight (an output head of 150k
     # rows) is rounded a slice of rows at a time: its temporaries stay a few hundred MB, not 4x the weight.
     step = max(1, ROUND_BYTES // (4 * cols))
     rounded = [_round_rows(weight[row : row + step].detach(), importance, order, inverse, group_size)
                for row in range(0, weight.shape[0], step)]  # fmt: skip
     return torch.cat([codes for codes, _ in rounded]), torch.cat([scales for _, scales in rounded])
+
+
+def _reversed_damped(hessian: torch.Tensor, order: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
+    """``hessian``'s rows and columns in ``order``, then reversed (one gather: a new matrix), its diagonal the
+    ``importance`` (a dead input's 1) plus GPTQ's damping, a fraction of their mean (no cols x cols identity)."""
+    backwards = order.flip(0)
+    reversed_hessian = hessian[backwards[:, None], backwards[None, :]]
+    reversed_hessian.diagonal().copy_(importance[backwards]).add_(DAMPING * importance.mean())
+    return reversed_hessian
 
 
 def _round_rows(
@@ -259,22 +270,41 @@ def _upper_inverse_cholesky(hessian: torch.Tensor) -> torch.Tensor:
     factorisation and one triangular inversion (LAPACK ``trtri``), instead of factorising, inverting and
     factorising again: half the work (5.2 s against 9.5 s on an 8192-wide Hessian, 2 cores AVX2), the same
     rows to within 1e-6 of their largest entry (``python -m benchmarks.gptq_layer`` times both)."""
+    # With J the reversal, J H J = L Lᵀ gives H = (J L J)(J L J)ᵀ and so H⁻¹ = UᵀU with U = J L⁻¹ J.
+    return _reversed(_inverse_cholesky_factor(hessian.flip(0, 1)))
+
+
+def _inverse_cholesky_factor(hessian: torch.Tensor) -> torch.Tensor:
+    """``L⁻¹`` for ``hessian = L Lᵀ`` (column-major, as LAPACK leaves it), more damping added to ``hessian``'s
+    diagonal in place while it is too near singular to factorise."""
     import numpy as np
     import torch
     from scipy.linalg import lapack
 
     extra = hessian.diag().mean() * 1e-2
     for _ in range(6):
-        # With J the reversal, J H J = L Lᵀ gives H = (J L J)(J L J)ᵀ and so H⁻¹ = UᵀU with U = J L⁻¹ J.
-        lower, failed = torch.linalg.cholesky_ex(hessian.flip(0, 1))
+        lower, failed = torch.linalg.cholesky_ex(hessian)
         if not int(failed):
-            # LAPACK works on column-major arrays: Lᵀ's row-major memory is L's column-major one, inverted in place
-            inverse, info = lapack.strtri(lower.numpy().T, lower=0, overwrite_c=1)
+            # torch leaves L column-major, as LAPACK wants it: inverted in its own memory
+            inverse, info = lapack.strtri(lower.numpy(), lower=1, overwrite_c=1)
             if info == 0 and np.isfinite(inverse).all():
-                return torch.from_numpy(inverse.T).flip(0, 1)
-        hessian = hessian + extra * torch.eye(hessian.shape[0])  # near-singular on a short text: damp more
+                return torch.from_numpy(inverse)
+        hessian.diagonal().add_(extra)  # near-singular on a short text: damp more
         extra *= 10
     raise RuntimeError("GPTQ: the calibration Hessian stayed singular after damping")
+
+
+def _reversed(matrix: torch.Tensor) -> torch.Tensor:
+    """``J A J`` (rows and columns reversed) as a new row-major matrix, made a band of rows at a time from any
+    layout of ``matrix`` (``flip`` would keep a column-major layout, and making that contiguous copies it again)."""
+    import torch
+
+    size = matrix.shape[0]
+    result = torch.empty(matrix.shape, dtype=matrix.dtype)
+    for row in range(0, size, GRAM_BLOCK):
+        end = min(row + GRAM_BLOCK, size)
+        result[row:end] = matrix[size - end : size - row].flip(0, 1)
+    return result
 
 
 def heap_allocations():
@@ -356,10 +386,17 @@ class _GramSum:
         self.count += flat.shape[0]
 
     def hessian(self) -> torch.Tensor:
-        """``2 XᵀX / n``, both triangles."""
-        upper = self.total.triu()
-        upper += self.total.triu(1).T
-        return upper.mul_(2 / max(self.count, 1))
+        """``2 XᵀX / n``, both triangles, made in place of the sum, which it hands over (call it once): at 8,960
+        inputs a whole-matrix ``triu`` and its transpose would be two more 320 MB temporaries."""
+        total, self.total = self.total, None
+        width = total.shape[0]
+        for row in range(0, width, GRAM_BLOCK):
+            end = min(row + GRAM_BLOCK, width)
+            diagonal = total[row:end, row:end]
+            diagonal.copy_(diagonal.triu() + diagonal.triu(1).T)
+            for column in range(end, width, GRAM_BLOCK):
+                total[column : column + GRAM_BLOCK, row:end] = total[row:end, column : column + GRAM_BLOCK].T
+        return total.mul_(2 / max(self.count, 1))
 
 
 class _HessianSums:
@@ -407,7 +444,7 @@ class _HessianSums:
         if owner not in self.sums:  # never run on the text: every input column is dead
             width = self.linears[name].in_features
             return torch.zeros(width, width)
-        return self.sums[owner].hessian()
+        return self.sums.pop(owner).hessian()  # handed over: the caller's reference is the last one
 
     def sharing(self) -> list[list[str]]:
         """The linears in groups that share one Hessian, in forward order."""
@@ -488,6 +525,7 @@ def round_layerwise(
             _round_shared(gathered, rounding, group_size)
 
     calibration.observe = observe
+    layerwise.release_input_embeddings()  # every pass has started: only layers, norm and head are read from here
     layerwise.walk([calibration, *passes], round_layer, say, "GPTQ")
     head = layerwise.model.get_output_embeddings()
     name = _head_name(layerwise.model, head) if head is not None else None
