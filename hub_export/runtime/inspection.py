@@ -72,11 +72,24 @@ def _method(plan) -> MethodSummary:
     )
 
 
-def _sizes(program, named: list[int], total: int) -> dict[str, int]:
-    """Bytes by part: XNNPACK's weights (named data), program constants (embedding tables...), delegate graphs."""
-    weights = sum(named)
+def _sizes(program, total: int) -> dict[str, int]:
+    """Bytes by part, from the program's table of segments (each part inline in the program where the file has
+    no segments): XNNPACK's weights (named data), program constants (embedding tables...), delegate graphs."""
+    segments = program.segments
+    weights = sum(segments[index].size for index in {entry.segment_index for entry in program.named_data})
     constants = sum(len(buffer.storage) for buffer in program.constant_buffer)
+    if program.constant_segment.offsets:
+        constants += segments[program.constant_segment.segment_index].size
     graphs = sum(len(blob.data) for blob in program.backend_delegate_data)
+    graphs += sum(
+        segments[index].size
+        for index in {
+            delegate.processed.index
+            for plan in program.execution_plan
+            for delegate in plan.delegates
+            if delegate.processed.location.name == "SEGMENT"
+        }
+    )
     return {
         "delegate weights": weights,
         "program constants": constants,
@@ -103,17 +116,16 @@ def inspect_pte(path: str | Path) -> PteSummary:
     except Exception as error:  # the header check's one line, whatever it raised
         raise InputError(f"{path.name} is not an ExecuTorch program ({error})") from None
     size = path.stat().st_size
-    model = PteModel(path)
+    model = PteModel(path, load=())  # the program and its metadata: no method is loaded (a 1 GB file would be)
     try:
-        read = read_program(path.read_bytes())
+        program = read_program(path)
     except Exception as error:  # a damaged file the runtime accepted: say so, keep what the runtime read
         raise InputError(f"{path.name} cannot be parsed ({type(error).__name__}); pull or export it again") from None
-    if read is None:
+    if program is None:
         methods = [MethodSummary(name, [], 0, {}, {}) for name in model.methods]
         return PteSummary(path.name, size, methods, model.metadata)
-    program, named = read
     plans = [plan for plan in program.execution_plan if plan.name in model.methods]
-    return PteSummary(path.name, size, [_method(plan) for plan in plans], model.metadata, _sizes(program, named, size))
+    return PteSummary(path.name, size, [_method(plan) for plan in plans], model.metadata, _sizes(program, size))
 
 
 def delegation_record(summary: PteSummary) -> dict[str, Any]:
