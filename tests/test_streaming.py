@@ -56,6 +56,24 @@ def test_logits_read_layer_by_layer_equal_the_whole_model(family_folder, model_t
     assert all(p.device.type == "meta" for name, p in layerwise.model.named_parameters() if ".layers." in name)
 
 
+@pytest.mark.parametrize("model_type", ["gemma3_text", "qwen3", "phi3", "gpt2", "llama"])
+def test_logits_after_the_embedding_table_is_let_go_equal_the_whole_model(tmp_path, model_type):
+    """With an output head of its own, the input embedding table is let go once the passes have started; the final
+    norm and head still get what each family's forward hands them, and a new pass reads the table back."""
+    config = CONFIGS[model_type]()
+    config.tie_word_embeddings = False
+    folder = build_tiny_model(tmp_path / "m", config=config)
+    whole = load_model(folder, False)
+    layerwise = LayerwiseModel.open(folder)
+    window = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]])
+    state = layerwise.start([window], eager=True)
+    layerwise.release_input_embeddings()
+    assert layerwise.model.get_input_embeddings().weight.device.type == "meta"
+    layerwise.walk([state])
+    assert torch.equal(layerwise.logits(state, 0), _logits(whole, window, True)), model_type
+    assert torch.equal(layerwise.full_pass(window), _logits(whole, window, False)), model_type  # read back
+
+
 @pytest.fixture(scope="module")
 def untied_model(tmp_path_factory) -> Path:
     """The tiny Llama with an output head of its own, as the packaged Qwen2.5-Coder-1.5B GGUF has."""
