@@ -331,3 +331,55 @@ def test_a_gptq_variant_stores_exactly_the_calibrated_codes(fp32_model, tiny_mod
         fp32_model, tiny_model / "tokenizer.json", ExportOptions(qembedding="8w", share_embeddings=True)
     )
     assert "lm_head" not in shared and len(shared.packed) == len(rounding.packed) - 1
+
+
+@pytest.mark.parametrize(
+    "qmode, qembedding, scales",
+    [
+        ("8da4w", "8w", "minmax"),
+        ("8da4w", "4w", "hqq"),
+        ("8da8w", "8w", "hqq"),
+        ("4w", "8w", "hqq"),
+        ("8w", "4w", "hqq"),
+    ],
+)
+def test_a_tall_weight_quantized_slice_by_slice_is_the_whole_weights_quantization(
+    qmode, qembedding, scales, monkeypatch
+):
+    """An output head or an embedding table of 150k rows is quantized a slice of rows at a time (torchao's rounding
+    holds float32 temporaries 2-3x what it is given: 2.8 GB over Qwen's head); the stored tensors and the outputs
+    are those of the whole weight quantized at once, for every qmode and embedding scheme."""
+    import torch
+
+    from hub_export.pipeline import quantize
+
+    class Tall(torch.nn.Module):
+        def __init__(self):
+            super().__init__()
+            self.embed_tokens, self.lm_head = torch.nn.Embedding(1000, 128), torch.nn.Linear(128, 1000, bias=False)
+
+    torch.manual_seed(0)
+    original = Tall().requires_grad_(False)
+
+    def quantized(slice_bytes: int):
+        monkeypatch.setattr(quantize, "SLICE_BYTES", slice_bytes)
+        model = Tall().requires_grad_(False)
+        model.load_state_dict(original.state_dict())
+        quantize.quantize_embeddings(model, qembedding)
+        quantize.quantize_linears(model, qmode, 32, recipe=quantize.Recipe(scales=scales))
+        return model
+
+    whole, sliced = quantized(1 << 40), quantized(300 * 128 * 4)  # 300 rows a slice: four, the last one short
+    assert type(sliced.embed_tokens.weight).__name__ == "IntxUnpackedToInt8Tensor"
+    for name in ("embed_tokens", "lm_head"):
+        ours, theirs = getattr(sliced, name).state_dict(), getattr(whole, name).state_dict()
+        assert list(ours) == list(theirs)
+        for key in ours:
+            for part in getattr(type(ours[key]), "tensor_data_names", [None]):
+                a, b = (
+                    (ours[key], theirs[key]) if part is None else (getattr(ours[key], part), getattr(theirs[key], part))
+                )
+                assert torch.equal(a, b), (name, key, part)
+    tokens = torch.randint(0, 1000, (1, 9))
+    with torch.no_grad():
+        assert torch.equal(sliced.lm_head(sliced.embed_tokens(tokens)), whole.lm_head(whole.embed_tokens(tokens)))

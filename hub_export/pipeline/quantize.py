@@ -181,6 +181,59 @@ def _everything(fqn: str) -> bool:
     return True
 
 
+SLICE_BYTES = 128 << 20  # float32 bytes of a tall weight's rows quantized at once
+
+
+def _quantize(model: nn.Module, config, filter_fn: Callable[[nn.Module, str], bool]) -> None:
+    """torchao's ``quantize_`` on the modules ``filter_fn(module, fqn)`` picks, a weight taller than
+    :data:`SLICE_BYTES` (an output head or an embedding table of 150k rows) a slice of rows at a time.
+
+    torchao's rounding keeps float32 temporaries 2-3 times the weight it is given (2.8 GB over the 0.9 GB of
+    Qwen's 151,936 x 1,536 head): the highest point of a streamed export. Every scheme here rounds each row on
+    its own (per row, or per group within a row), so the slices joined are the whole weight's quantization.
+    """
+    from torchao.quantization import quantize_
+
+    tall = {fqn for fqn, module in model.named_modules() if filter_fn(module, fqn) and _sliceable(module)}
+    quantize_(model, config, filter_fn=lambda module, fqn: filter_fn(module, fqn) and fqn not in tall)
+    for fqn in tall:
+        _quantize_in_slices(model.get_submodule(fqn), config)
+
+
+def _sliceable(module: nn.Module) -> bool:
+    weight = getattr(module, "weight", None)
+    return (_is_linear(module) or _is_embedding(module)) and weight is not None and weight.numel() * 4 > SLICE_BYTES
+
+
+def _quantize_in_slices(module: nn.Module, config) -> None:
+    import torch
+    from torchao.quantization import quantize_
+
+    weight = module.weight.detach()
+    step = max(1, SLICE_BYTES // (weight.shape[1] * 4))
+    parts = []
+    for start in range(0, weight.shape[0], step):
+        rows = weight[start : start + step]  # a view: nothing is copied until torchao rounds it
+        if _is_linear(module):
+            piece = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+        else:
+            piece = torch.nn.Embedding(rows.shape[0], rows.shape[1], device="meta")
+        piece.weight = torch.nn.Parameter(rows, requires_grad=False)
+        quantize_(piece, config, filter_fn=lambda candidate, fqn, piece=piece: candidate is piece)
+        parts.append(piece.weight.detach())
+    module.weight = torch.nn.Parameter(_joined(parts), requires_grad=False)
+
+
+def _joined(parts: list):
+    """Row slices of a torchao-quantized weight as one weight of their class: each tensor it holds (codes, scales,
+    zero points) joined along the rows, the attributes (block size, dtypes) those of the first."""
+    import torch
+
+    kind = type(parts[0])
+    data = [torch.cat([getattr(part, name) for part in parts]) for name in kind.tensor_data_names]
+    return kind(*data, *(getattr(parts[0], name) for name in kind.tensor_attribute_names))
+
+
 def _ungroupable(model: nn.Module, group_size: int, exclude: tuple, only: Callable[[str], bool]) -> list[str]:
     """The linears whose input width ``group_size`` does not divide (they fall back to int8 per channel), warned of."""
     fallback = [
@@ -214,8 +267,6 @@ def quantize_linears(
     Layers whose input width ``group_size`` does not divide fall back to per-channel
     quantization (with a warning); their names are returned.
     """
-    from torchao.quantization import quantize_
-
     mode = QMODES[qmode]
     if mode.config is None:
         return []
@@ -230,7 +281,7 @@ def quantize_linears(
         return _is_linear(module) and fqn in fallback_set
 
     if eight_bit:
-        quantize_(
+        _quantize(
             model,
             _dynamic_act(8)(_granularity(False, group_size)),
             filter_fn=lambda module, fqn: (
@@ -239,14 +290,14 @@ def quantize_linears(
         )
     scales = recipe.scales_of(mode)
     # GPTQ's codes replace the rounding below: any scale choice serves to build the tensors they go into
-    quantize_(model, mode.config(_granularity(mode.grouped, group_size), "minmax" if scales == "gptq" else scales),
+    _quantize(model, mode.config(_granularity(mode.grouped, group_size), "minmax" if scales == "gptq" else scales),
               filter_fn=grouped)  # fmt: skip
     if scales == "gptq":
         from hub_export.pipeline.gptq import apply  # imports torch: this module must not (options import it)
 
         apply(model, recipe.rounding, only)
     if fallback:
-        quantize_(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=per_channel)
+        _quantize(model, _dynamic_act(8)(_granularity(False, group_size)), filter_fn=per_channel)
     if mode.weight_only:
         from hub_export.pipeline.weight_only import (
             convert_linears,  # imports torch: this module must not (options import it)
@@ -260,10 +311,8 @@ def quantize_embeddings(model: nn.Module, qembedding: str | None, only: Callable
     """Quantize the token embedding(s) weight-only, per row (``4w`` or ``8w``)."""
     if not qembedding:
         return
-    from torchao.quantization import quantize_
-
     config = _weight_only(QEMBEDDINGS[qembedding])(_granularity(False, DEFAULT_GROUP_SIZE))
-    quantize_(model, config, filter_fn=lambda module, fqn: _is_embedding(module) and only(fqn))
+    _quantize(model, config, filter_fn=lambda module, fqn: _is_embedding(module) and only(fqn))
 
 
 def drop_padding_index(model: nn.Module) -> None:
@@ -310,10 +359,8 @@ def quantize_model(
     quantize_embeddings(model, qembedding, only)
     if not share_embeddings or QMODES[qmode].weight_bits == 8:  # 8-bit per-channel heads already match the table
         return quantize_linears(model, qmode, group_size, recipe=recipe, only=only)
-    from torchao.quantization import quantize_
-
     head = model.get_output_embeddings()
-    quantize_(model, _dynamic_act(8)(_granularity(False, group_size)),
+    _quantize(model, _dynamic_act(8)(_granularity(False, group_size)),
               filter_fn=lambda module, fqn: module is head and only(fqn))  # fmt: skip
     return quantize_linears(model, qmode, group_size, exclude=(head,), recipe=recipe, only=only)
 
