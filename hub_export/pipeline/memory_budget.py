@@ -6,10 +6,12 @@ measured peaks (``python -m benchmarks.scale``; the peak of the export's whole p
 tree against the model's fp32 weight bytes):
 
 - a text model read one decoder layer at a time (:mod:`hub_export.pipeline.streaming`)
-  peaks while a worker process quantizes and lowers one variant: its quantized weights
-  (one byte per int4 weight before packing, with their scales), what lowering copies of
-  them (the XNNPACK blobs, then the program's buffer), beside a parent that holds only
-  the reference (GPTQ's codes wait on disk); its peak follows the variant's stored bits;
+  peaks either in GPTQ's walk over the layers (the outer parts, the codes so far, one
+  layer's Hessians) or while a worker process quantizes and lowers one variant: its
+  quantized weights (one byte per int4 weight before packing, with their scales), what
+  lowering copies of them (the XNNPACK blobs, then the program's buffer), beside a parent
+  that holds only the reference (GPTQ's codes wait on disk); its peak follows the
+  variant's stored bits;
 - a model loaded whole (the ``mixed`` qmode, every other task) holds its fp32
   weights, a quantized copy and lowering's copies.
 """
@@ -29,7 +31,7 @@ GIB = 1 << 30
 FRAMEWORK_BYTES = int(1.5 * GIB)
 # Peak of one variant built layer by layer, per fp32 weight byte, by the bits its linears store. 8da4w measured,
 # the frameworks above taken off: 0.51 for the SmolLM2-1.7B shape and 0.63 for the Qwen3-4B shape
-# (benchmarks/results/scale.md), 0.64 for the real Qwen2.5-Coder-1.5B with its untied head
+# (benchmarks/results/scale.md), 0.46 for the real Qwen2.5-Coder-1.5B with its untied head
 # (benchmarks/results/real-weights.md); 8-bit adds the bytes its larger blob and file take, fp32 holds the weights
 # themselves twice: estimates, not measured at size.
 STREAMED_PEAK_PER_FP32_BYTE = {4: 0.8, 8: 1.1, 32: 2.2}
