@@ -39,6 +39,7 @@ SECTIONS = {
     "bench-llamacpp-smollm2": "llamacpp-smollm2",
     "bench-llamacpp-gemma3": "llamacpp-gemma3",
     "bench-llamacpp-qwen-1-5b": "llamacpp-qwen2.5-coder-1.5b",
+    "bench-llamacpp-qwen-1-5b-avx2": "llamacpp-qwen2.5-coder-1.5b-avx2",
     "decode-floor": "decode-floor-8da4w",
     "decode-floor-8da8w": "decode-floor-8da8w",
     "sdpa-threads": "sdpa-threads",
