@@ -75,12 +75,12 @@ def _method(plan) -> MethodSummary:
 def _sizes(program, total: int) -> dict[str, int]:
     """Bytes by part, from the program's table of segments (each part inline in the program where the file has
     no segments): XNNPACK's weights (named data), program constants (embedding tables...), delegate graphs."""
-    segments = program.segments
-    weights = sum(segments[index].size for index in {entry.segment_index for entry in program.named_data})
-    constants = sum(len(buffer.storage) for buffer in program.constant_buffer)
-    if program.constant_segment.offsets:
+    segments = program.segments or []  # a program may hold none of these parts, or keep its weights in a .ptd
+    weights = sum(segments[index].size for index in {entry.segment_index for entry in program.named_data or []})
+    constants = sum(len(buffer.storage) for buffer in program.constant_buffer or [])
+    if program.constant_segment is not None and program.constant_segment.offsets:
         constants += segments[program.constant_segment.segment_index].size
-    graphs = sum(len(blob.data) for blob in program.backend_delegate_data)
+    graphs = sum(len(blob.data) for blob in program.backend_delegate_data or [])
     graphs += sum(
         segments[index].size
         for index in {
