@@ -185,7 +185,19 @@ def markdown(result: dict) -> str:
             f"| {fmt(row.get('decode_tok_s'), '{:.1f}')} | {fmt(row.get('prefill_tok_s'), '{:.0f}')} "
             f"| {fmt(row.get('ppl_ratio'), '{:.3f}')} |"
         )
+    failed = [row for row in result["rows"] if row["rc"] != 0]
+    if failed:
+        lines += ["", "Exports that failed (their time and memory up to the failure):", ""]
+        lines += [f"- {row['shape']}: {_last_error(row.get('error', ''))}" for row in failed]
     return "\n".join(lines) + "\n"
+
+
+def _last_error(log: str) -> str:
+    """The failed export's own one-line error, from the end of its log."""
+    errors = [line.strip() for line in log.splitlines() if line.strip().startswith("Error:")]
+    return (
+        errors[-1] if errors else f"exit status non-zero ({log.strip().splitlines()[-1] if log.strip() else 'no log'})"
+    )
 
 
 def plot(result: dict) -> None:
