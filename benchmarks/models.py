@@ -159,9 +159,9 @@ def build_large_shaped(
     folder: str | Path, config, dtype: str = "bfloat16", tokenizer_folder: Path | None = None
 ) -> Path:
     """Save a random-weight checkpoint of ``config``'s shape one tensor at a time (a 4B model never in memory):
-    safetensors shards in ``dtype`` (the Hub's checkpoints are bfloat16) with their index, normal(0, 0.02) weights
-    and unit norms, and the tokenizer of ``tokenizer_folder`` (a real one) or the demo tokenizer padded to the
-    vocabulary. Returns the folder; an existing one is kept."""
+    safetensors shards in ``dtype`` (the Hub's checkpoints are bfloat16) with their index, normal(0, 0.02) weights,
+    norms and biases as the model initialises them, and the tokenizer of ``tokenizer_folder`` (a real one) or the
+    demo tokenizer padded to the vocabulary. Returns the folder; an existing one is kept."""
     import json
 
     import torch
@@ -191,7 +191,7 @@ def build_large_shaped(
 
     for name, param in names.items():
         if param.dim() == 1:
-            tensor = torch.ones(param.shape)
+            tensor = _initial_vector(model, name)
         else:
             tensor = torch.empty(param.shape).normal_(0.0, 0.02, generator=generator)
         shard[name] = tensor.to(getattr(torch, dtype)).contiguous()
@@ -207,6 +207,26 @@ def build_large_shaped(
     GenerationConfig(bos_token_id=config.bos_token_id, eos_token_id=[config.eos_token_id]).save_pretrained(folder)
     _tokenizer(folder, config.vocab_size, tokenizer_folder)
     return folder
+
+
+def _initial_vector(model, name: str):
+    """A 1-D parameter as the model's own initialisation leaves it: a norm at its identity scale (1 where the norm
+    multiplies by its weight, 0 for Gemma's ``1 + weight``), a bias at 0. Ones everywhere would double every
+    Gemma norm, and a random 26-layer stack with doubled norms is chaotic: a 1e-3 relative change of its input
+    moves the top token at many positions, so no compiled program could match its eager logits."""
+    import torch
+
+    owner, _, attribute = name.rpartition(".")
+    module = model.get_submodule(owner)
+    module.to_empty(device="cpu", recurse=False)
+    with torch.no_grad():
+        getattr(module, attribute).fill_(float("nan"))
+    model._init_weights(module)
+    vector = getattr(module, attribute).detach().clone()
+    module.to("meta")
+    if vector.isnan().any():
+        raise ValueError(f"{type(module).__name__} leaves {name} uninitialised")
+    return vector
 
 
 def _tokenizer(folder: Path, vocab_size: int, real: Path | None) -> None:
