@@ -302,6 +302,45 @@ def test_gptq_holds_at_most_two_more_hessians_while_it_rounds_a_wide_layer():
     assert matrices_over < 2.0, f"the peak held {matrices_over:.2f} Hessians more than the sum"
 
 
+_STATS_PEAK = """
+import psutil, torch
+from hub_export.patches import map_large_allocations
+from hub_export.pipeline.verify import TokenStats
+map_large_allocations()  # as the export does: freed temporaries go back at once
+torch.manual_seed(0)
+logits, targets = 4 * torch.randn(511, 65536), torch.randint(0, 65536, (511,))
+for run in ("warm-up", "measured"):
+    open("/proc/self/clear_refs", "w").write("5")
+    before = psutil.Process().memory_info().rss
+    TokenStats.of(logits, targets)
+peak = next(int(line.split()[1]) * 1024 for line in open("/proc/self/status") if line.startswith("VmHWM"))
+print((peak - before) / logits.nbytes)
+"""
+
+
+def test_a_windows_stats_are_the_whole_windows_without_a_second_copy_of_its_logits():
+    """Verification keeps a few numbers per position of the eager model's full-vocabulary logits; over Gemma's
+    262,144 words a 512-token window's log-probs are 0.5 GB, so they are taken a few positions at a time, with
+    the figures of the whole window at once."""
+    import subprocess
+    import sys
+
+    import torch
+
+    from hub_export.pipeline.verify import STATS_ROWS, TokenStats
+
+    torch.manual_seed(0)
+    logits, targets = 4 * torch.randn(2 * STATS_ROWS + 22, 3000), torch.randint(0, 3000, (2 * STATS_ROWS + 22,))
+    stats, whole = TokenStats.of(logits, targets), torch.log_softmax(logits, -1)
+    assert torch.equal(stats.top_logprobs, whole.topk(128, -1).values)
+    assert torch.equal(stats.top_ids, whole.topk(128, -1).indices)
+    assert torch.equal(stats.target_logprobs, whole.gather(-1, targets.view(-1, 1)).squeeze(-1))
+    assert TokenStats.of(logits).target_logprobs.numel() == 0
+    done = subprocess.run([sys.executable, "-c", _STATS_PEAK], capture_output=True, text=True, check=True)
+    held = float(done.stdout.strip().splitlines()[-1])
+    assert held < 0.5, f"the stats held {held:.2f} times the window's logits"
+
+
 def test_a_gptq_variant_stores_exactly_the_calibrated_codes(fp32_model, tiny_model):
     """Every grouped int4 layer of an 8da4w copy holds GPTQ's codes and scales; the fp32 model is untouched; the
     int8 head of a shared-embedding export is left out."""

@@ -47,6 +47,7 @@ SECOND_EVAL_TEXT = "eval_docs_en.txt"  # technical documentation: another regist
 DEFAULT_QUALITY_TOKENS = 2048
 MAX_WINDOW = 512  # tokens per evaluation window (less when the cache is shorter)
 TOP_K = 128
+STATS_ROWS = 64  # positions whose full-vocabulary log-probs are held at once
 # The judge compares the runtime with quantized eager on the prompt and the first
 # windows of the text only: torchao's reference int8 kernels are slow in eager, and
 # about 500 positions already separate a broken file from an honest one.
@@ -78,10 +79,17 @@ class TokenStats:
 
     @classmethod
     def of(cls, logits: torch.Tensor, targets: torch.Tensor | None = None, k: int = TOP_K) -> TokenStats:
-        logprobs = torch.log_softmax(logits.float(), dim=-1)
-        top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
-        target = logprobs.gather(-1, targets.view(-1, 1)).squeeze(-1) if targets is not None else torch.empty(0)
-        return cls(top.indices, top.values, target)
+        """The stats of ``logits`` [positions, vocab], :data:`STATS_ROWS` positions at a time: a window's
+        log-probs whole would be another copy of its logits (0.5 GB over Gemma's 262,144 words and 512 tokens)."""
+        parts = []
+        for start in range(0, max(logits.shape[0], 1), STATS_ROWS):
+            logprobs = torch.log_softmax(logits[start : start + STATS_ROWS].float(), dim=-1)
+            top = logprobs.topk(min(k, logprobs.shape[-1]), dim=-1)
+            target = torch.empty(0)
+            if targets is not None:
+                target = logprobs.gather(-1, targets[start : start + STATS_ROWS].view(-1, 1)).squeeze(-1)
+            parts.append(cls(top.indices, top.values, target))
+        return cls.concat(parts) if len(parts) != 1 else parts[0]
 
     @classmethod
     def concat(cls, parts: list[TokenStats]) -> TokenStats:
