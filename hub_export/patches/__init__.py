@@ -174,16 +174,16 @@ def read_program(path: Path):
     """The ``executorch.exir.schema.Program`` of the ``.pte`` at ``path``, read from its flatbuffer alone (the
     weights' segments after it are left on disk: the program of a 1 GB file is about 140 KB, where deserializing
     the whole file held four times the file), or None where this ExecuTorch is not the one the reader was written
-    for. Raises what the deserializer raises on malformed bytes."""
+    for. Raises VerificationError on a damaged header, what the deserializer raises on malformed bytes."""
     if not PROGRAM_READER.applies():
         return None
-    from executorch.exir._serialize._program import _flatbuffer_to_program, _get_extended_header
+    from executorch.exir._serialize._program import _flatbuffer_to_program
 
+    from hub_export.runtime.pte import program_size  # the runtime imports this module: read when a file is
+
+    size = program_size(path)
     with open(path, "rb") as file:
-        head = file.read(64)
-        header = _get_extended_header(head)
-        size = header.program_size if header is not None and header.is_valid() else None
-        return _flatbuffer_to_program(head + file.read(-1 if size is None else max(size - len(head), 0)))
+        return _flatbuffer_to_program(file.read(size))
 
 
 XNNPACK_THREADS = Patch(

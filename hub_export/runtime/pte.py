@@ -258,6 +258,20 @@ def check_pte_header(path: str | Path) -> None:
         raise VerificationError(f"{path.name} has a broken ExecuTorch header ({problem}); {REDO}")
 
 
+def program_size(path: str | Path) -> int:
+    """The bytes of ``path``'s program: its flatbuffer, which the weights' segments follow.
+
+    Example:
+        >>> program_size("model.pte") < Path("model.pte").stat().st_size
+        True
+
+    Raises:
+        VerificationError: the header is not an ExecuTorch program's (one line).
+    """
+    check_pte_header(path)
+    return int.from_bytes(_head(Path(path))[0][16:24], "little")
+
+
 def _extended_header_problem(head: bytes, size: int) -> str | None:
     """What is wrong with the extended header's figures, or None: every offset within the file."""
     root = int.from_bytes(head[0:4], "little")
