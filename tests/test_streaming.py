@@ -56,20 +56,27 @@ def test_logits_read_layer_by_layer_equal_the_whole_model(family_folder, model_t
     assert all(p.device.type == "meta" for name, p in layerwise.model.named_parameters() if ".layers." in name)
 
 
+@pytest.mark.parametrize("tied", [False, True], ids=["own-head", "tied-head"])
 @pytest.mark.parametrize("model_type", ["gemma3_text", "qwen3", "phi3", "gpt2", "llama"])
-def test_logits_after_the_embedding_table_is_let_go_equal_the_whole_model(tmp_path, model_type):
-    """With an output head of its own, the input embedding table is let go once the passes have started; the final
-    norm and head still get what each family's forward hands them, and a new pass reads the table back."""
+def test_logits_after_the_embedding_table_is_let_go_equal_the_whole_model(tmp_path, model_type, tied):
+    """The input embedding table is let go once the passes have started, with the output head where it is the same
+    weight, and is not read again while the layers are walked; the final norm and head still get what each
+    family's forward hands them, a head tied to the table is read back for the logits, and a new pass reads the
+    table back."""
     config = CONFIGS[model_type]()
-    config.tie_word_embeddings = False
+    config.tie_word_embeddings = tied
     folder = build_tiny_model(tmp_path / "m", config=config)
     whole = load_model(folder, False)
     layerwise = LayerwiseModel.open(folder)
     window = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]])
     state = layerwise.start([window], eager=True)
     layerwise.release_input_embeddings()
-    assert layerwise.model.get_input_embeddings().weight.device.type == "meta"
-    layerwise.walk([state])
+    table, head = layerwise.model.get_input_embeddings(), layerwise.model.get_output_embeddings()
+    during_walk = []
+    layerwise.walk(
+        [state], lambda index, layer: during_walk.append((table.weight.device.type, head.weight.device.type))
+    )
+    assert during_walk == [("meta", "meta" if tied else "cpu")] * layerwise.count
     assert torch.equal(layerwise.logits(state, 0), _logits(whole, window, True)), model_type
     assert torch.equal(layerwise.full_pass(window), _logits(whole, window, False)), model_type  # read back
 
@@ -99,7 +106,7 @@ def test_gptq_layer_by_layer_gives_the_whole_models_codes(either_model):
     layerwise = LayerwiseModel.open(tiny_model)
     streamed = round_int4_layerwise(layerwise, tiny_model / "tokenizer.json", options, lines.append, max_seq_len=64)
     assert list(streamed.packed) == list(whole.packed) and "lm_head" in streamed
-    # An embedding table of its own is let go once the passes have started (a tied one is the head: it stays)
+    # The table is let go once the passes have started; a tied one is the head, read back to round it
     table = layerwise.model.get_input_embeddings().weight
     assert table.device.type == ("cpu" if layerwise.model.config.tie_word_embeddings else "meta")
     for name in whole.packed:

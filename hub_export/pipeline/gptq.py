@@ -525,7 +525,7 @@ def round_layerwise(
             _round_shared(gathered, rounding, group_size)
 
     calibration.observe = observe
-    layerwise.release_input_embeddings()  # every pass has started: only layers, norm and head are read from here
+    layerwise.release_input_embeddings()  # every pass has started: the layers are all the walk reads
     layerwise.walk([calibration, *passes], round_layer, say, "GPTQ")
     head = layerwise.model.get_output_embeddings()
     name = _head_name(layerwise.model, head) if head is not None else None

@@ -279,24 +279,26 @@ class LayerwiseModel:
                 old = module._parameters[attribute]
                 module._parameters[attribute] = torch.nn.Parameter(torch.empty_like(old, device="meta"), False)
 
-    def _input_embedding(self) -> str | None:
-        """The name of the input embedding table when nothing else holds it (an output head tied to it does)."""
+    def _input_embedding(self) -> str:
+        """The name the input embedding table is stored under (an output head tied to it holds the same weight)."""
         table = self.model.get_input_embeddings()
-        for name, holders in self._aliases.items():
-            if any(module is table for module, _ in holders):
-                return name if len(holders) == 1 else None
-        return None
+        return next(name for name, holders in self._aliases.items() if any(m is table for m, _ in holders))
 
     def release_input_embeddings(self) -> None:
-        """Let the float32 input embedding table go once every pass has started (0.9 GB at 1.5B parameters, 1.6 GB
-        at Qwen3-4B's widths): the layers, the final norm and the head are all a pass needs after :meth:`start`,
-        which reads the table back when it runs again. A table tied to the output head stays."""
-        name = self._input_embedding()
-        if name is not None and not self._released():
-            self._unload([name])
+        """Let the float32 input embedding table go once every pass has started (0.9 GB at 1.5B parameters, 2.5 GB
+        at Phi-4-mini's widths): the layers are all a walk needs after :meth:`start`, which reads the table back
+        when it runs again. A head tied to the table goes with it and is read back when a pass reaches it."""
+        if not self._released():
+            self._unload([self._input_embedding()])
 
     def _released(self) -> bool:
         return self.model.get_input_embeddings().weight.device.type == "meta"
+
+    def _head_ready(self) -> None:
+        """Read the output head back where it is the released table."""
+        head = self.model.get_output_embeddings()
+        if head is not None and head.weight.device.type == "meta":
+            self._assign(self._read([self._input_embedding()]))
 
     def _inputs(self, window: torch.Tensor) -> dict[str, torch.Tensor]:
         """What the model's forward is given for ``window`` when the stand-ins replace every layer's output:
@@ -364,6 +366,7 @@ class LayerwiseModel:
         """The model's logits [n, vocab] (float32) for ``state``'s window after its last layer."""
         import torch
 
+        self._head_ready()
         calls: list[list] = [[] for _ in range(self.count)]
         with torch.no_grad(), self.attention(state.eager), self._stand_ins(calls, None, state.hidden[window]):
             return self.model(**self._inputs(state.windows[window]), use_cache=False).logits[0].float()
@@ -378,6 +381,7 @@ class LayerwiseModel:
             seen.append(inputs[0])
             raise _StopForward
 
+        self._head_ready()
         handle = head.register_forward_pre_hook(catch)
         calls: list[list] = [[] for _ in range(self.count)]
         try:
