@@ -314,3 +314,34 @@ def test_a_quantized_head_run_in_slices_gives_the_same_logits(tiny_model):
         after = model(input_ids=window).logits
     assert torch.equal(sliced, whole) and torch.equal(after, whole)
     assert "forward" not in vars(head)  # the head's own forward is back
+
+
+@pytest.mark.parametrize("model_type", ["gemma3_text", "llama"])  # Gemma scales its lookup in a module of its own
+def test_a_quantized_embedding_looked_up_in_slices_gives_the_same_logits(tmp_path, model_type, monkeypatch):
+    """The quantized model's logits are taken with its 8-bit table looked up a slice of rows at a time (torchao
+    dequantizes the whole table for every lookup: 4.4 GiB of temporaries at Phi-4-mini's widths): the same logits,
+    bit for bit, with ids in several slices, repeated, and at both ends of the table."""
+    from hub_export.pipeline.quantize import quantize_embeddings
+    from hub_export.tasks.text_generation.export import sliced_embedding
+
+    config = CONFIGS[model_type]()
+    config.tie_word_embeddings = False
+    model = load_model(build_tiny_model(tmp_path / "m", config=config), False)
+    quantize_embeddings(model, "8w")
+    table = model.get_input_embeddings()
+    assert type(table.weight).__name__ == "IntxUnpackedToInt8Tensor" and table.num_embeddings > 300
+    last = table.num_embeddings - 1
+    window = torch.tensor([[0, 5, 150, 5, 299, 300, last, 101, 100, last - 1]])
+    dequantized = []  # the rows of each table dequantized: the lookup's whole cost in memory
+    dequantize = type(table.weight).dequantize
+    monkeypatch.setattr(type(table.weight), "dequantize", lambda t: dequantized.append(len(t)) or dequantize(t))
+    with torch.no_grad():
+        whole = model(input_ids=window).logits
+        assert max(dequantized) == table.num_embeddings
+        dequantized.clear()
+        with sliced_embedding(model, rows=100):  # the ids fall in four slices; the one with 200-299 holds one id
+            sliced = model(input_ids=window).logits
+            empty = table(torch.zeros(1, 0, dtype=torch.long))
+        assert dequantized and max(dequantized) <= 100
+        after = model(input_ids=window).logits
+    assert torch.equal(sliced, whole) and torch.equal(after, whole) and empty.shape == (1, 0, table.embedding_dim)

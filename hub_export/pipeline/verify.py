@@ -37,7 +37,7 @@ from hub_export.patches import set_threads
 from hub_export.pipeline.records import Quality, Verification
 from hub_export.progress import time_left
 from hub_export.runtime.pte import PteModel, runner_generate
-from hub_export.tasks.text_generation.export import eager_attention, sliced_head
+from hub_export.tasks.text_generation.export import eager_attention, sliced_embedding, sliced_head
 
 VERIFY_PROMPT = "Once upon a time, in a small town by the sea, there lived"
 DECODE_STEPS = 8
@@ -306,7 +306,7 @@ def expected_logits(quantized_model, reference: Reference) -> Expected:
     the program (an fp32 variant would otherwise hold its weights three times).
     """
     seq = reference.sequences
-    with sliced_head(quantized_model):
+    with sliced_head(quantized_model), sliced_embedding(quantized_model):
         prompt = _eager_logits(quantized_model, seq.prompt_tokens)[seq.prompt_len - 1 :]
         return Expected(prompt, _text_stats(partial(_eager_logits, quantized_model), judged_windows(seq.windows)))
 
