@@ -170,18 +170,16 @@ PROGRAM_READER = Patch(
 )
 
 
-def read_program(path: Path):
-    """The ``executorch.exir.schema.Program`` of the ``.pte`` at ``path``, read from its flatbuffer alone (the
-    weights' segments after it are left on disk: the program of a 1 GB file is about 140 KB, where deserializing
-    the whole file held four times the file), or None where this ExecuTorch is not the one the reader was written
-    for. Raises VerificationError on a damaged header, what the deserializer raises on malformed bytes."""
+def read_program(path: Path, size: int):
+    """The ``executorch.exir.schema.Program`` of the ``.pte`` at ``path`` from its first ``size`` bytes, its
+    flatbuffer (:func:`hub_export.runtime.pte.program_size`; the weights' segments after it are left on disk: the
+    program of a 1 GB file is about 140 KB, where deserializing the whole file held four times the file), or None
+    where this ExecuTorch is not the one the reader was written for. Raises what the deserializer raises on
+    malformed bytes."""
     if not PROGRAM_READER.applies():
         return None
     from executorch.exir._serialize._program import _flatbuffer_to_program
 
-    from hub_export.runtime.pte import program_size  # the runtime imports this module: read when a file is
-
-    size = program_size(path)
     with open(path, "rb") as file:
         return _flatbuffer_to_program(file.read(size))
 
