@@ -27,6 +27,7 @@ SECTIONS = {
     "bench-peer-8da8w": "peer-8da8w",
     "bench-peer-one-at-a-time": "peer-8da4w-one-at-a-time",
     "bench-peer-qwen3": "peer-qwen3-8da4w",
+    "bench-peer-1-7b": "peer-smollm2-1.7b-8da4w-one-at-a-time",
     "thread-scaling": "thread-scaling",
     "bench-peer-avx2": "peer-8da4w-avx2",
     "thread-scaling-avx2": "thread-scaling-avx2",
