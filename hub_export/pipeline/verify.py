@@ -89,7 +89,7 @@ class TokenStats:
             if targets is not None:
                 target = logprobs.gather(-1, targets[start : start + STATS_ROWS].view(-1, 1)).squeeze(-1)
             parts.append(cls(top.indices, top.values, target))
-        return cls.concat(parts) if len(parts) != 1 else parts[0]
+        return cls.concat(parts)
 
     @classmethod
     def concat(cls, parts: list[TokenStats]) -> TokenStats:

@@ -108,17 +108,17 @@ def inspect_pte(path: str | Path) -> PteSummary:
         InputError: the file is not an ExecuTorch program.
     """
     from hub_export.patches import read_program  # the ExecuTorch serializer: loaded when a file is inspected
-    from hub_export.runtime.pte import PteModel, check_pte_header, program_size
+    from hub_export.runtime.pte import PteModel, program_size
 
     path = Path(path)
     try:
-        check_pte_header(path)
+        program_bytes = program_size(path)  # the header checked, once
     except Exception as error:  # the header check's one line, whatever it raised
         raise InputError(f"{path.name} is not an ExecuTorch program ({error})") from None
     size = path.stat().st_size
     model = PteModel(path, load=())  # the program and its metadata: no method is loaded (a 1 GB file would be)
     try:
-        program = read_program(path, program_size(path))
+        program = read_program(path, program_bytes)
     except Exception as error:  # a damaged file the runtime accepted: say so, keep what the runtime read
         raise InputError(f"{path.name} cannot be parsed ({type(error).__name__}); pull or export it again") from None
     if program is None:

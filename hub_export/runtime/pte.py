@@ -245,7 +245,11 @@ def _identity(path: Path) -> tuple:
 
 def check_pte_header(path: str | Path) -> None:
     """The flatbuffer identifier and extended header of a ``.pte``, checked in Python."""
-    path = Path(path)
+    _checked_head(Path(path))
+
+
+def _checked_head(path: Path) -> bytes:
+    """The first bytes of ``path`` once :func:`check_pte_header`'s checks pass."""
     head, size = _head(path)
     if size < MIN_PTE_BYTES:
         raise VerificationError(f"{path.name} is only {size} bytes, too short for an ExecuTorch program; {REDO}")
@@ -256,6 +260,7 @@ def check_pte_header(path: str | Path) -> None:
     problem = _extended_header_problem(head, size)
     if problem:
         raise VerificationError(f"{path.name} has a broken ExecuTorch header ({problem}); {REDO}")
+    return head
 
 
 def program_size(path: str | Path) -> int:
@@ -268,8 +273,7 @@ def program_size(path: str | Path) -> int:
     Raises:
         VerificationError: the header is not an ExecuTorch program's (one line).
     """
-    check_pte_header(path)
-    return int.from_bytes(_head(Path(path))[0][16:24], "little")
+    return int.from_bytes(_checked_head(Path(path))[16:24], "little")
 
 
 def _extended_header_problem(head: bytes, size: int) -> str | None:
