@@ -58,11 +58,14 @@ def test_logits_read_layer_by_layer_equal_the_whole_model(family_folder, model_t
 
 @pytest.mark.parametrize("tied", [False, True], ids=["own-head", "tied-head"])
 @pytest.mark.parametrize("model_type", ["gemma3_text", "qwen3", "phi3", "gpt2", "llama"])
-def test_logits_after_the_embedding_table_is_let_go_equal_the_whole_model(tmp_path, model_type, tied):
-    """The input embedding table is let go once the passes have started, with the output head where it is the same
-    weight, and is not read again while the layers are walked; the final norm and head still get what each
-    family's forward hands them, a head tied to the table is read back for the logits, and a new pass reads the
-    table back."""
+def test_logits_after_the_tables_are_let_go_equal_the_whole_model(tmp_path, model_type, tied, monkeypatch):
+    """The input embedding table and the output head are let go once the passes have started, and are not read
+    again while the layers are walked; the final norm gets what each family's forward hands it, the head's rows
+    are read from the checkpoint a slice at a time for the logits (never the whole table), and a new pass reads
+    the table back."""
+    from hub_export.pipeline import layerwise as layerwise_module
+    from hub_export.tasks.text_generation import export
+
     config = CONFIGS[model_type]()
     config.tie_word_embeddings = tied
     folder = build_tiny_model(tmp_path / "m", config=config)
@@ -70,15 +73,26 @@ def test_logits_after_the_embedding_table_is_let_go_equal_the_whole_model(tmp_pa
     layerwise = LayerwiseModel.open(folder)
     window = torch.tensor([[5, 6, 7, 8, 9, 10, 11, 12, 13, 14, 15, 16]])
     state = layerwise.start([window], eager=True)
-    layerwise.release_input_embeddings()
+    layerwise.release_tables()
     table, head = layerwise.model.get_input_embeddings(), layerwise.model.get_output_embeddings()
     during_walk = []
     layerwise.walk(
         [state], lambda index, layer: during_walk.append((table.weight.device.type, head.weight.device.type))
     )
-    assert during_walk == [("meta", "meta" if tied else "cpu")] * layerwise.count
-    assert torch.equal(layerwise.logits(state, 0), _logits(whole, window, True)), model_type
-    assert torch.equal(layerwise.full_pass(window), _logits(whole, window, False)), model_type  # read back
+    assert during_walk == [("meta", "meta")] * layerwise.count
+    vocab = head.out_features
+    monkeypatch.setattr(export, "HEAD_ROWS", vocab // 3)  # several slices, the last one short
+    read = []
+    original = layerwise_module.Checkpoint.read_rows
+    monkeypatch.setattr(
+        layerwise_module.Checkpoint,
+        "read_rows",
+        lambda self, name, start, stop: read.append(stop - start) or original(self, name, start, stop),
+    )
+    assert torch.allclose(layerwise.logits(state, 0), _logits(whole, window, True), rtol=0, atol=1e-6), model_type
+    assert sum(read) == vocab and max(read) < vocab and head.weight.device.type == "meta"
+    again = layerwise.full_pass(window)  # the table read back; an own head's rows still from the checkpoint
+    assert torch.allclose(again, _logits(whole, window, False), rtol=0, atol=1e-6), model_type
 
 
 @pytest.fixture(scope="module")
@@ -106,9 +120,9 @@ def test_gptq_layer_by_layer_gives_the_whole_models_codes(either_model):
     layerwise = LayerwiseModel.open(tiny_model)
     streamed = round_int4_layerwise(layerwise, tiny_model / "tokenizer.json", options, lines.append, max_seq_len=64)
     assert list(streamed.packed) == list(whole.packed) and "lm_head" in streamed
-    # The table is let go once the passes have started; a tied one is the head, read back to round it
-    table = layerwise.model.get_input_embeddings().weight
-    assert table.device.type == ("cpu" if layerwise.model.config.tie_word_embeddings else "meta")
+    # The table and the head are let go once the passes have started; the head is rounded from its stored rows
+    assert layerwise.model.get_input_embeddings().weight.device.type == "meta"
+    assert layerwise.model.get_output_embeddings().weight.device.type == "meta"
     for name in whole.packed:
         assert torch.equal(streamed.packed[name], whole.packed[name]), name
         assert torch.equal(streamed.scales[name], whole.scales[name]), name

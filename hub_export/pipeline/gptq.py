@@ -96,10 +96,6 @@ class Int4Rounding:
         high = (packed >> 4).to(torch.int8) - 8
         return torch.stack([low, high], dim=-1).reshape(packed.shape[0], -1), scales
 
-    def codes(self, name: str) -> torch.Tensor:
-        """``name``'s int4 codes as int8 in [-8, 7], shape [rows, cols]."""
-        return self.codes_and_scales(name)[0]
-
     def weight(self, name: str) -> torch.Tensor:
         """``name``'s weight as the file stores it, back in float32."""
         codes, scales = self.codes_and_scales(name)
@@ -108,7 +104,7 @@ class Int4Rounding:
     def add(self, name: str, codes: torch.Tensor, scales: torch.Tensor) -> None:
         import torch
 
-        unsigned = (codes.to(torch.int16) + 8).to(torch.uint8)
+        unsigned = (codes.to(torch.int8) + 8).view(torch.uint8)  # [0, 15] fits int8: no wider copy of a big head
         self.packed[name] = unsigned[:, 0::2] | (unsigned[:, 1::2] << 4)
         self.scales[name] = scales.float().contiguous()
 
@@ -202,11 +198,15 @@ def round_weight(weight: torch.Tensor, hessian: torch.Tensor, group_size: int) -
     inverse = _reversed(lower_inverse)
     del lower_inverse
     # Rows are rounded independently of each other given the Hessian, so a tall weight (an output head of 150k
-    # rows) is rounded a slice of rows at a time: its temporaries stay a few hundred MB, not 4x the weight.
-    step = max(1, ROUND_BYTES // (4 * cols))
-    rounded = [_round_rows(weight[row : row + step].detach(), importance, order, inverse, group_size)
-               for row in range(0, weight.shape[0], step)]  # fmt: skip
-    return torch.cat([codes for codes, _ in rounded]), torch.cat([scales for _, scales in rounded])
+    # rows, read from the checkpoint on demand once let go) is rounded a slice of rows at a time: its temporaries
+    # stay a few hundred MB, and only a slice of its float32 rows is ever held.
+    step, rows = max(1, ROUND_BYTES // (4 * cols)), weight.shape[0]
+    codes, scales = torch.empty(rows, cols, dtype=torch.int8), torch.empty(rows, cols // group_size)
+    for row in range(0, rows, step):
+        codes[row : row + step], scales[row : row + step] = _round_rows(
+            weight[row : row + step].detach(), importance, order, inverse, group_size
+        )
+    return codes, scales
 
 
 def _reversed_damped(hessian: torch.Tensor, order: torch.Tensor, importance: torch.Tensor) -> torch.Tensor:
@@ -525,7 +525,7 @@ def round_layerwise(
             _round_shared(gathered, rounding, group_size)
 
     calibration.observe = observe
-    layerwise.release_input_embeddings()  # every pass has started: the layers are all the walk reads
+    layerwise.release_tables()  # every pass has started: the layers are all the walk reads
     layerwise.walk([calibration, *passes], round_layer, say, "GPTQ")
     head = layerwise.model.get_output_embeddings()
     name = _head_name(layerwise.model, head) if head is not None else None
@@ -535,7 +535,7 @@ def round_layerwise(
         for index in range(len(calibration.windows)):
             head_sums.add(name, layerwise.head_inputs(calibration, index, head))  # the head itself is not run
         with heap_allocations():
-            codes, scales = round_weight(head.weight, head_sums.hessian(name), group_size)
+            codes, scales = round_weight(layerwise.head_rows(), head_sums.hessian(name), group_size)
         rounding.add(name, codes, scales)
     rounding.seconds = time.perf_counter() - started
     return rounding

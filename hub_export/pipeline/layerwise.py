@@ -87,6 +87,35 @@ class Checkpoint:
                     del mapped
         return tensors
 
+    def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
+        """Rows ``start:stop`` of tensor ``name`` as a float32 copy: the rest of it is never read."""
+        import torch
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[name]), framework="pt") as handle:
+            mapped = handle.get_slice(name)[start:stop]
+            return mapped.to(torch.float32, copy=True)
+
+
+class StoredRows:
+    """A 2-D weight of the checkpoint, read a slice of rows at a time: ``rows[a:b]`` is float32 [b - a, cols].
+
+    What a pass needs of an output head after the walk (GPTQ's rounding, the logits) goes through its rows in
+    order, so the whole float32 table (2.5 GB at Phi-4-mini's 200,064 x 3,072) is never held at once.
+    """
+
+    def __init__(self, checkpoint: Checkpoint, name: str, shape: tuple[int, int]):
+        self.checkpoint, self.name, self.shape = checkpoint, name, shape
+
+    def __len__(self) -> int:
+        return self.shape[0]
+
+    def __getitem__(self, rows: slice) -> torch.Tensor:
+        start, stop, step = rows.indices(self.shape[0])
+        if step != 1:
+            raise IndexError("stored rows are read as one contiguous slice")
+        return self.checkpoint.read_rows(self.name, start, stop)
+
 
 def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     """The name and the list of ``model``'s decoder layers (the module list as long as its layer count)."""
@@ -279,26 +308,46 @@ class LayerwiseModel:
                 old = module._parameters[attribute]
                 module._parameters[attribute] = torch.nn.Parameter(torch.empty_like(old, device="meta"), False)
 
-    def _input_embedding(self) -> str:
-        """The name the input embedding table is stored under (an output head tied to it holds the same weight)."""
-        table = self.model.get_input_embeddings()
-        return next(name for name, holders in self._aliases.items() if any(m is table for m, _ in holders))
+    def _name_of(self, module: nn.Module) -> str:
+        """The name ``module``'s weight is stored under (a head tied to the table holds the table's)."""
+        return next(name for name, holders in self._aliases.items() if (module, "weight") in holders)
 
-    def release_input_embeddings(self) -> None:
-        """Let the float32 input embedding table go once every pass has started (0.9 GB at 1.5B parameters, 2.5 GB
-        at Phi-4-mini's widths): the layers are all a walk needs after :meth:`start`, which reads the table back
-        when it runs again. A head tied to the table goes with it and is read back when a pass reaches it."""
-        if not self._released():
-            self._unload([self._input_embedding()])
+    def _input_embedding(self) -> str:
+        return self._name_of(self.model.get_input_embeddings())
+
+    def release_tables(self) -> None:
+        """Let the float32 input embedding table and the output head's weight go once every pass has started
+        (each 2.5 GB at Phi-4-mini's widths): the layers are all a walk needs after :meth:`start`, which reads the
+        table back when it runs again, and what comes after the walk reads the head a slice of rows at a time
+        (:meth:`head_rows`)."""
+        import torch
+
+        head = self.model.get_output_embeddings()
+        names = [self._input_embedding()]
+        if isinstance(head, torch.nn.Linear):
+            names.append(self._name_of(head))
+        elif head is not None and head.weight is self.model.get_input_embeddings().weight:
+            return  # a head of its own kind over the table: it runs whole, so the table stays
+        self._unload([name for name in dict.fromkeys(names) if not self._is_meta(name)])
+
+    def _is_meta(self, name: str) -> bool:
+        module, attribute = self._aliases[name][0]
+        return module._parameters[attribute].device.type == "meta"
 
     def _released(self) -> bool:
         return self.model.get_input_embeddings().weight.device.type == "meta"
 
-    def _head_ready(self) -> None:
-        """Read the output head back where it is the released table."""
+    def head_rows(self) -> StoredRows | torch.Tensor:
+        """The output head's float32 weight: held, or read from the checkpoint a slice of rows at a time once
+        :meth:`release_tables` let it go."""
+        stored = self._stored_head()
+        return self.model.get_output_embeddings().weight if stored is None else stored
+
+    def _stored_head(self) -> StoredRows | None:
         head = self.model.get_output_embeddings()
-        if head is not None and head.weight.device.type == "meta":
-            self._assign(self._read([self._input_embedding()]))
+        if head is None or head.weight.device.type != "meta":
+            return None
+        return StoredRows(self.checkpoint, self._stored_name(self._name_of(head)), tuple(head.weight.shape))
 
     def _inputs(self, window: torch.Tensor) -> dict[str, torch.Tensor]:
         """What the model's forward is given for ``window`` when the stand-ins replace every layer's output:
@@ -366,10 +415,12 @@ class LayerwiseModel:
         """The model's logits [n, vocab] (float32) for ``state``'s window after its last layer."""
         import torch
 
-        self._head_ready()
+        from hub_export.tasks.text_generation.export import sliced_head  # wrap imports torch: loaded by a pass
+
         calls: list[list] = [[] for _ in range(self.count)]
         with torch.no_grad(), self.attention(state.eager), self._stand_ins(calls, None, state.hidden[window]):
-            return self.model(**self._inputs(state.windows[window]), use_cache=False).logits[0].float()
+            with sliced_head(self.model, weight=self._stored_head()):
+                return self.model(**self._inputs(state.windows[window]), use_cache=False).logits[0].float()
 
     def head_inputs(self, state: LayerPass, window: int, head: nn.Module) -> torch.Tensor:
         """What the output ``head`` receives for ``state``'s window (the final norm's output), without running it."""
@@ -381,8 +432,7 @@ class LayerwiseModel:
             seen.append(inputs[0])
             raise _StopForward
 
-        self._head_ready()
-        handle = head.register_forward_pre_hook(catch)
+        handle = head.register_forward_pre_hook(catch)  # the head's weight may be let go: it is never run
         calls: list[list] = [[] for _ in range(self.count)]
         try:
             with torch.no_grad(), self.attention(state.eager), self._stand_ins(calls, None, state.hidden[window]):

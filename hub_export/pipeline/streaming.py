@@ -96,7 +96,7 @@ def prepare_streamed(
         say(f"GPTQ: {len(rounding.packed)} linears on {rounding.tokens} tokens of {rounding.text} "
             f"({rounding.seconds:.0f} s)")  # fmt: skip
     elif passes:
-        layerwise.release_input_embeddings()
+        layerwise.release_tables()
         layerwise.walk(passes, say=say, what="reference")
     reference = None
     if sequences is not None:

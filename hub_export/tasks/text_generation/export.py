@@ -21,6 +21,7 @@ scores a run of proposed tokens in one call (:mod:`hub_export.tasks.text_generat
 from __future__ import annotations
 
 import contextlib
+from typing import Any
 
 import torch
 from torch import nn
@@ -101,23 +102,27 @@ HEAD_ROWS = 16384  # output-head rows an eager forward runs at once under sliced
 
 
 @contextlib.contextmanager
-def sliced_head(model: nn.Module, rows: int = HEAD_ROWS):
+def sliced_head(model: nn.Module, rows: int | None = None, weight: Any = None):
     """Run ``model``'s output head :data:`HEAD_ROWS` of its rows at a time for the block, into one logits tensor.
 
     A torchao-quantized linear's eager forward dequantizes its whole weight to float32 first: over a 512-token
     window, Qwen's 151,936 x 1,536 int4 head took 1.77 GiB beyond the model, 0.29 GiB of it the logits. By
     slices, the same logits (bit for bit on an 8da4w head) took 0.45 GiB.
+
+    ``weight``: where the rows come from in place of the head's own weight, whatever the head's size (rows a
+    checkpoint reads on demand, :class:`~hub_export.pipeline.layerwise.StoredRows`, while the head is let go).
     """
-    head = model.get_output_embeddings()
-    if not isinstance(head, nn.Linear) or head.out_features <= rows:
+    head, rows = model.get_output_embeddings(), rows or HEAD_ROWS
+    if not isinstance(head, nn.Linear) or (weight is None and head.out_features <= rows):
         yield model
         return
+    source = head.weight if weight is None else weight
 
     def forward(x: torch.Tensor) -> torch.Tensor:
         logits = x.new_empty(*x.shape[:-1], head.out_features)
         for start in range(0, head.out_features, rows):
             bias = None if head.bias is None else head.bias[start : start + rows]
-            logits[..., start : start + rows] = nn.functional.linear(x, head.weight[start : start + rows], bias)
+            logits[..., start : start + rows] = nn.functional.linear(x, source[start : start + rows], bias)
         return logits
 
     head.forward = forward  # an instance attribute: the class's forward is back once it is deleted
