@@ -106,7 +106,7 @@ def test_xnnpack_preprocesses_its_partitions_on_the_programs_own_weights(monkeyp
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
     from executorch.exir import to_edge_transform_and_lower
 
-    from hub_export.patches.lowering import preprocessing_on_shared_weights
+    from hub_export.patches.weights import preprocessing_on_shared_weights
 
     model = nn.Sequential(nn.Linear(64, 96), nn.ReLU(), nn.Linear(96, 64)).eval()
     weights = {parameter.data_ptr() for parameter in model.parameters()}
@@ -131,6 +131,45 @@ def test_xnnpack_preprocesses_its_partitions_on_the_programs_own_weights(monkeyp
     assert len(shared_seen) == 4 and set(shared_seen) <= weights
     assert len(seen) == 4 and not set(seen) & weights  # ExecuTorch's own path copies every weight
     assert "copy_exported_program_for_preprocess" not in XnnpackBackend.__dict__  # put back as it was
+
+
+@pytest.mark.parametrize("qmode", ["8da4w", "8da8w"])
+def test_the_weights_xnnpack_packed_are_let_go_before_the_file_is_written(tmp_path, monkeypatch, qmode):
+    """A caller that hands its programs over in a dict, and lets its model's weights go, holds no quantized weight
+    once XNNPACK has packed them: while ``to_executorch`` runs, no delegated weight's memory is held any more
+    (each lowered partition keeps stand-ins of their shapes); same bytes as with the partitions' own weights."""
+    import contextlib
+
+    from torch.multiprocessing.reductions import StorageWeakRef
+
+    from hub_export.pipeline import lower, quantize
+    from hub_export.pipeline.build import let_weights_go
+
+    def lowered(name: str) -> tuple[bytes, list[int]]:
+        torch.manual_seed(0)
+        model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)).eval()
+        quantize.quantize_linears(model, qmode, 32)
+        storages = [StorageWeakRef(m.weight.qdata.untyped_storage()) for m in model if isinstance(m, nn.Linear)]
+        programs = {"forward": torch.export.export(model, (torch.randn(2, 64),))}
+        let_weights_go(model)
+        held: list[int] = []
+        stock = lower.backend_config
+
+        def config_while_held(*args, **kwargs):  # called as to_executorch starts
+            held.append(sum(not storage.expired() for storage in storages))
+            return stock(*args, **kwargs)
+
+        monkeypatch.setattr(lower, "backend_config", config_while_held)
+        lower.to_pte(programs, {}, tmp_path / name)
+        assert programs == {}
+        return (tmp_path / name).read_bytes(), held
+
+    forgotten, held = lowered("forgotten.pte")
+    assert held == [0]
+    monkeypatch.setattr(lower, "delegated_weights_forgotten", lambda edge: contextlib.nullcontext())
+    kept, held = lowered("kept.pte")
+    assert held == [2]  # the lowered partitions' own copies of the graph hold both weights
+    assert forgotten == kept
 
 
 @pytest.mark.slow  # two full lowerings (110 s): make test-all

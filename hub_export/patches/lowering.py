@@ -189,51 +189,6 @@ def merge_checks_on_bits():
         GroupBasedPartitioner._can_merge_partitions = stock
 
 
-def _program_tensors(program: torch.export.ExportedProgram) -> list[torch.Tensor]:
-    """Every tensor ``program`` holds as data: its state dict, its lifted constants, its graph module's attributes."""
-    tensors = [*program.state_dict.values(), *program.constants.values()]
-    tensors += [value for value in vars(program.graph_module).values() if isinstance(value, torch.Tensor)]
-    tensors += [*program.graph_module.parameters(), *program.graph_module.buffers()]
-    return [tensor for tensor in tensors if isinstance(tensor, torch.Tensor)]
-
-
-@guarded(
-    "preprocess-on-shared-weights",
-    "executorch",
-    ("1.5.",),
-    upstream="BackendDetails.copy_exported_program_for_preprocess",
-    without="lowering holds a second copy of every quantized weight (1 byte per weight: 3.7 GB for a 4B model)",
-)
-def preprocessing_on_shared_weights():
-    """Meanwhile, XNNPACK preprocesses copies of its partitions' graphs that share their weights.
-
-    ExecuTorch deep-copies every partition's program, weights included, before the backend
-    preprocesses any of them, in case a backend changes the graph; all the copies live
-    until the last partition is done. XNNPACK's passes rewrite graphs and replace constants
-    (assigning new tensors into the copy's own state dict) but never write into a weight,
-    so sharing the tensors gives the same ``.pte`` bytes (``tests/test_lower.py``) without
-    the copy.
-    """
-    import copy
-
-    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
-
-    name = "copy_exported_program_for_preprocess"
-    own = XnnpackBackend.__dict__.get(name)
-
-    def copy_sharing_weights(cls, edge_program, compile_specs):
-        return copy.deepcopy(edge_program, {id(tensor): tensor for tensor in _program_tensors(edge_program)})
-
-    setattr(XnnpackBackend, name, classmethod(copy_sharing_weights))
-    try:
-        yield
-    finally:
-        if own is None:
-            delattr(XnnpackBackend, name)
-        else:
-            setattr(XnnpackBackend, name, own)
-
-
 def _op_names(ops) -> tuple[str, ...]:
     return tuple(op.__name__ for op in ops)
 

@@ -93,6 +93,14 @@ def detach_from(model: torch.nn.Module, original: torch.nn.Module) -> None:
                 module._parameters[name] = torch.nn.Parameter(param.detach().clone(), requires_grad=False)
 
 
+def let_weights_go(model: torch.nn.Module) -> None:
+    """Drop ``model``'s own references to its parameters and buffers, once a program exported from it holds
+    them: lowering can then free each weight it has packed. Parameters shared with another model stay there."""
+    for module in model.modules():
+        module._parameters.clear()
+        module._buffers.clear()
+
+
 @dataclass
 class RunState:
     """State shared by the variants of one export run."""
@@ -336,26 +344,27 @@ def _lower(run: RunState, model, name: str, qmode: str):
     )
     layout = plan_layers(text_config(model.config), run.max_seq_len, opts.sliding_cache, opts.kv_cache, opts.sink())
     wrapped = ExportableDecoder(model, run.max_seq_len, layout)
-    program = export_program(wrapped)
+    programs = {"forward": export_program(wrapped)}
     bos, eos = token_ids(model)
     metadata = runner_metadata(
         max_seq_len=run.max_seq_len,
         bos_id=bos,
         eos_ids=eos,
         vocab_size=text_config(model.config).vocab_size,
-        dynamic_shape=is_dynamic(program),
+        dynamic_shape=is_dynamic(programs["forward"]),
         max_context_len=UNBOUNDED_CONTEXT if layout.unbounded else None,
     )
     if opts.speculative:
         metadata["get_max_rows"] = rows_limit(run.max_seq_len)
         run.say(f"[{name}] exporting {ROWS_METHOD} (up to {metadata['get_max_rows']} rows of logits per call)", "note",
                 name)  # fmt: skip
-        program = {"forward": program, ROWS_METHOD: export_rows_program(wrapped)}
+        programs[ROWS_METHOD] = export_rows_program(wrapped)
     del wrapped
+    let_weights_go(model)  # the programs hold what lowering needs; to_pte lets them go once lowered
     run.say(f"[{name}] lowering to ExecuTorch (XNNPACK)", "lower", name)
     path = run.workdir / name
     to_pte(
-        program,
+        programs,
         metadata,
         path,
         _data_path(path, opts, qmode),

@@ -10,16 +10,16 @@ from typing import Any
 
 import torch
 
-from hub_export.patches import edge_compile_config, xnnpack_partitioner_configs
+from hub_export.patches import edge_compile_config, release_memory, xnnpack_partitioner_configs
 from hub_export.patches.lowering import (
     compact_dependency_viewers,
     decomposing_once,
     forgetting_tracing_caches,
     merge_checks_on_bits,
-    preprocessing_on_shared_weights,
     skipping_idle_edge_passes,
     skipping_idle_xnnpack_passes,
 )
+from hub_export.patches.weights import delegated_weights_forgotten, preprocessing_on_shared_weights
 
 
 def runner_metadata(
@@ -214,7 +214,9 @@ def to_pte(
     """Partition to XNNPACK, plan memory and write the ``.pte`` to ``path``; returns its size.
 
     ``program`` is the ``forward`` method, or one program per method name (a speech file's
-    encoder and decoder, a text file's ``forward`` and ``forward_rows``).
+    encoder and decoder, a text file's ``forward`` and ``forward_rows``). A dict is emptied once its
+    programs are lowered: a caller that keeps no other reference to them (nor to the model they were
+    exported from) lets the weights XNNPACK packed go before the file is written.
 
     ``do_quant_fusion_and_const_prop`` folds torchao's weight-only dequantize patterns
     (e.g. quantized embeddings) into ops the runtime has kernels for.
@@ -229,32 +231,17 @@ def to_pte(
     if data_path is not None and data_path.parent != path.parent:
         raise ValueError("the data file must sit next to the .pte")
     tag = data_path.stem if data_path is not None else None
-    from executorch.exir import to_edge_transform_and_lower
-
     programs = program if isinstance(program, dict) else {"forward": program}
-    for each in programs.values():
-        inferred_reshapes(each)
-        drop_provenance(each)
-    partitioners = {name: _partitioner_for(on_partition) for name in programs}
-    with forgetting_tracing_caches(), skipping_idle_edge_passes(), contextlib.ExitStack() as stack:
-        # Each method decomposed once where its partitioner takes every node it keeps whole.
-        ready = {
-            name: stack.enter_context(decomposing_once(each, partitioners[name])) or each
-            for name, each in programs.items()
-        }
-        for patch in _partitioning_patches(on_partition):
-            stack.enter_context(patch)
-        several = isinstance(program, dict)
-        edge = to_edge_transform_and_lower(
-            ready if several else ready["forward"],
-            transform_passes=[_tag_weights_external(tag, kept)] if tag else None,
-            partitioner={name: [each] for name, each in partitioners.items()} if several else [partitioners["forward"]],
-            compile_config=edge_compile_config(),
-            constant_methods=metadata,
-        )
-        stack.close()
-        executorch_program = edge.to_executorch(backend_config(tag, methods=len(programs), kept=kept))
-        del edge, ready
+    methods = len(programs)
+    with forgetting_tracing_caches(), skipping_idle_edge_passes():
+        edge = _partitioned(programs, metadata, tag, kept, on_partition)
+        del programs
+        if isinstance(program, dict):
+            program.clear()
+        release_memory()  # the exported programs' weights, where nothing else holds them
+        with delegated_weights_forgotten(edge):
+            executorch_program = edge.to_executorch(backend_config(tag, methods=methods, kept=kept))
+        del edge
         with open(path, "wb") as handle:
             executorch_program.write_to_file(handle)
         if tag:
@@ -263,3 +250,29 @@ def to_pte(
                 raise RuntimeError(f"ExecuTorch wrote no {data_path.name}")
         del executorch_program
     return path.stat().st_size
+
+
+def _partitioned(programs: dict, metadata: dict[str, Any], tag: str | None, kept, on_partition):
+    """``programs`` in Edge dialect with XNNPACK's partitions lowered (an ``EdgeProgramManager``)."""
+    from executorch.exir import to_edge_transform_and_lower
+
+    several = len(programs) > 1 or "forward" not in programs  # a lone forward is lowered as a plain program
+    for name in programs:
+        inferred_reshapes(programs[name])
+        drop_provenance(programs[name])
+    partitioners = {name: _partitioner_for(on_partition) for name in programs}
+    with contextlib.ExitStack() as stack:
+        # Each method decomposed once where its partitioner takes every node it keeps whole.
+        ready = {
+            name: stack.enter_context(decomposing_once(each, partitioners[name])) or each
+            for name, each in programs.items()
+        }
+        for patch in _partitioning_patches(on_partition):
+            stack.enter_context(patch)
+        return to_edge_transform_and_lower(
+            ready if several else ready["forward"],
+            transform_passes=[_tag_weights_external(tag, kept)] if tag else None,
+            partitioner={name: [each] for name, each in partitioners.items()} if several else [partitioners["forward"]],
+            compile_config=edge_compile_config(),
+            constant_methods=metadata,
+        )
