@@ -65,8 +65,8 @@ def delegated_weights_forgotten(edge):
     """Meanwhile, the partitions XNNPACK lowered keep their weights' shapes and dtypes, not their bytes.
 
     Each lowered module keeps the partition it was made from, weights included, although the file stores
-    what XNNPACK packed (at Phi-4-mini's widths: 3.6 GB of int8 codes beside 1.9 GB of packed ones while the
-    file is written). ``to_executorch`` only runs that partition under fake tensors, to learn its outputs'
+    what XNNPACK packed (at Phi-4-mini's widths, about 3.6 GB of int8 codes beside the 1.8 GB packed from them
+    while the file is written). ``to_executorch`` only runs that partition under fake tensors, to learn its outputs'
     shapes, and the emitter reads its graph: a zero-stride stand-in of each weight's shape and dtype gives the
     same ``.pte`` bytes (``tests/test_lower.py``) once nothing else holds the weights.
     """
