@@ -107,9 +107,6 @@ class StoredRows:
     def __init__(self, checkpoint: Checkpoint, name: str, shape: tuple[int, int]):
         self.checkpoint, self.name, self.shape = checkpoint, name, shape
 
-    def __len__(self) -> int:
-        return self.shape[0]
-
     def __getitem__(self, rows: slice) -> torch.Tensor:
         start, stop, step = rows.indices(self.shape[0])
         if step != 1:
@@ -335,7 +332,7 @@ class LayerwiseModel:
         return module._parameters[attribute].device.type == "meta"
 
     def _released(self) -> bool:
-        return self.model.get_input_embeddings().weight.device.type == "meta"
+        return self._is_meta(self._input_embedding())
 
     def head_rows(self) -> StoredRows | torch.Tensor:
         """The output head's float32 weight: held, or read from the checkpoint a slice of rows at a time once
