@@ -133,13 +133,26 @@ def test_xnnpack_preprocesses_its_partitions_on_the_programs_own_weights(monkeyp
     assert "copy_exported_program_for_preprocess" not in XnnpackBackend.__dict__  # put back as it was
 
 
+class _ThreePartitions(nn.Module):
+    """Three linears that XNNPACK lowers as three partitions: a cumulative sum, which it has no kernel for, between."""
+
+    def __init__(self):
+        super().__init__()
+        self.first, self.second, self.third = nn.Linear(64, 128), nn.Linear(128, 128), nn.Linear(128, 64)
+
+    def forward(self, x):
+        x = torch.cumsum(self.first(x), dim=-1)
+        return self.third(torch.cumsum(self.second(x), dim=-1))
+
+
 @pytest.mark.parametrize("qmode", ["8da4w", "8da8w"])
-def test_the_weights_xnnpack_packed_are_let_go_before_the_file_is_written(tmp_path, monkeypatch, qmode):
-    """A caller that hands its programs over in a dict, and lets its model's weights go, holds no quantized weight
-    once XNNPACK has packed them: while ``to_executorch`` runs, no delegated weight's memory is held any more
-    (each lowered partition keeps stand-ins of their shapes); same bytes as with the partitions' own weights."""
+def test_each_quantized_weight_is_let_go_as_soon_as_xnnpack_has_packed_it(tmp_path, monkeypatch, qmode):
+    """A caller that hands its programs over in a dict, and lets its model's weights go, holds a quantized weight
+    only until XNNPACK has packed it: as each partition's turn comes, the weights of those packed before it are gone,
+    and none is held while the file is written; same bytes as when lowering keeps them all."""
     import contextlib
 
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
     from torch.multiprocessing.reductions import StorageWeakRef
 
     from hub_export.pipeline import lower, quantize
@@ -147,29 +160,40 @@ def test_the_weights_xnnpack_packed_are_let_go_before_the_file_is_written(tmp_pa
 
     def lowered(name: str) -> tuple[bytes, list[int]]:
         torch.manual_seed(0)
-        model = nn.Sequential(nn.Linear(64, 128), nn.ReLU(), nn.Linear(128, 64)).eval()
+        model = _ThreePartitions().eval()
         quantize.quantize_linears(model, qmode, 32)
-        storages = [StorageWeakRef(m.weight.qdata.untyped_storage()) for m in model if isinstance(m, nn.Linear)]
+        storages = [
+            StorageWeakRef(m.weight.qdata.untyped_storage()) for m in model.modules() if isinstance(m, nn.Linear)
+        ]
         programs = {"forward": torch.export.export(model, (torch.randn(2, 64),))}
         let_weights_go(model)
         held: list[int] = []
-        stock = lower.backend_config
 
-        def config_while_held(*args, **kwargs):  # called as to_executorch starts
+        def count_held():
             held.append(sum(not storage.expired() for storage in storages))
-            return stock(*args, **kwargs)
 
-        monkeypatch.setattr(lower, "backend_config", config_while_held)
+        def preprocess(edge_program, compile_specs):  # called as each partition's turn comes
+            count_held()
+            return stock_preprocess(edge_program, compile_specs)
+
+        def config_while_writing(*args, **kwargs):  # called as to_executorch starts
+            count_held()
+            return stock_config(*args, **kwargs)
+
+        monkeypatch.setattr(XnnpackBackend, "preprocess", staticmethod(preprocess))
+        monkeypatch.setattr(lower, "backend_config", config_while_writing)
         lower.to_pte(programs, {}, tmp_path / name)
         assert programs == {}
         return (tmp_path / name).read_bytes(), held
 
-    forgotten, held = lowered("forgotten.pte")
-    assert held == [0]
-    monkeypatch.setattr(lower, "delegated_weights_forgotten", lambda edge: contextlib.nullcontext())
+    stock_preprocess, stock_config = XnnpackBackend.preprocess, lower.backend_config
+    released, held = lowered("released.pte")
+    assert held == [3, 2, 1, 0]
+    assert XnnpackBackend.__dict__["preprocess"].__func__.__name__ == "preprocess"  # the test's spy, put back
+    monkeypatch.setattr(lower, "packed_weights_released", lambda programs: contextlib.nullcontext())
     kept, held = lowered("kept.pte")
-    assert held == [2]  # the lowered partitions' own copies of the graph hold both weights
-    assert forgotten == kept
+    assert held == [3, 3, 3, 3]  # the Edge programs, then the lowered partitions' own programs, hold them all
+    assert released == kept
 
 
 @pytest.mark.slow  # two full lowerings (110 s): make test-all
@@ -199,7 +223,7 @@ def test_skipped_traces_leave_the_pte_unchanged(tiny_model, tmp_path, monkeypatc
     from hub_export.pipeline import lower
 
     fast = _lowered_bytes(tiny_model, tmp_path, "fast.pte", qmode, shared)
-    monkeypatch.setattr(lower, "decomposing_once", lambda program, partitioner: contextlib.nullcontext())
+    monkeypatch.setattr(lower, "decomposing_once", lambda programs, name, partitioner: contextlib.nullcontext())
     monkeypatch.setattr(lower, "skipping_idle_edge_passes", contextlib.nullcontext)
     stock = _lowered_bytes(tiny_model, tmp_path, "stock.pte", qmode, shared)
     assert fast == stock
@@ -235,8 +259,10 @@ def test_decomposing_once_yields_a_program_that_needs_no_more_tracing():
 
     program = torch.export.export(_Linear(), (torch.randn(2, 8),))
     xnnpack = partitioner()
-    with decomposing_once(program, xnnpack) as decomposed:
-        assert decomposed is not None and decomposed is not program
+    programs = {"forward": program}
+    with decomposing_once(programs, "forward", xnnpack) as done:
+        decomposed = programs["forward"]
+        assert done and decomposed is not program
         assert decomposed.run_decompositions({}) is decomposed
         assert [n.target for n in decomposed.graph.nodes if n.op == "call_function"] == [torch.ops.aten.linear.default]
         assert xnnpack.ops_to_not_decompose(decomposed)[1] is None
@@ -249,8 +275,9 @@ def test_decomposing_once_gives_way_when_the_partitioner_refuses_a_kept_node(tmp
     from hub_export.pipeline import lower
 
     program = torch.export.export(_DoubleHardswish(), (torch.randn(2, 8),))
-    with decomposing_once(program, lower.partitioner()) as decomposed:
-        assert decomposed is None
+    programs = {"forward": program}
+    with decomposing_once(programs, "forward", lower.partitioner()) as done:
+        assert done is None and programs["forward"] is program
     path = tmp_path / "hardswish.pte"
     assert lower.to_pte(program, {}, path) > 0
 

@@ -368,8 +368,8 @@ def _refused_nodes(program: torch.export.ExportedProgram, partitioner) -> list[t
     without="lowering re-traces the whole program twice more (slower export)",
     otherwise=None,
 )
-def decomposing_once(program: torch.export.ExportedProgram, partitioner):
-    """Meanwhile, yield ``program`` decomposed in one trace, ready for ``to_edge_transform_and_lower``.
+def decomposing_once(programs: dict[str, torch.export.ExportedProgram], name: str, partitioner):
+    """Meanwhile, ``programs[name]`` is decomposed in one trace, ready for ``to_edge_transform_and_lower``.
 
     For a partitioner that checks each node of the ops it keeps whole (XNNPACK does),
     ``to_edge_transform_and_lower`` traces the program three times: to functionalize it,
@@ -378,24 +378,27 @@ def decomposing_once(program: torch.export.ExportedProgram, partitioner):
     SmolLM2 they are most of the time before partitioning. Here the program is
     decomposed once, keeping those ops; when the check accepts every such node, the
     other two traces could change nothing, so they are skipped (same ``.pte`` bytes:
-    ``tests/test_lower.py``). When it refuses one, this yields None and the caller
-    lowers the original program the stock way.
+    ``tests/test_lower.py``), and this yields True. When it refuses one, the program is
+    left as it was, for the stock way, and this yields None. Only ``programs`` holds the
+    program meanwhile, so a caller that empties it lets the program go.
     """
     from executorch.exir.program._program import _default_decomposition_table
 
-    kept, _ = partitioner.ops_to_not_decompose(program)
+    kept = partitioner.ops_to_not_decompose(programs[name])[0]  # not its check, which holds the program
     table = _default_decomposition_table()
     for op in kept:
         table.pop(op, None)
-    decomposed = program.run_decompositions(table)
+    decomposed = programs[name].run_decompositions(table)
     if _refused_nodes(decomposed, partitioner):
         yield None
         return
     decomposed.__class__ = _AlreadyDecomposed
+    programs[name] = decomposed
+    del decomposed
     # With no per-node check left, ExecuTorch keeps the ops whole without re-tracing.
     partitioner.ops_to_not_decompose = lambda ep: (list(kept), None)
     try:
-        yield decomposed
+        yield True
     finally:
         del partitioner.ops_to_not_decompose
 

@@ -1,20 +1,36 @@
 """Lowering without a second copy of the weights: ExecuTorch keeps each partition's weights beside what XNNPACK
-packed from them, first as a deep copy while every partition is preprocessed, then in the lowered modules while
-the file is written. Each patch here gives the same ``.pte`` bytes (``tests/test_lower.py``)."""
+packed from them, as a deep copy while every partition is preprocessed, and in the Edge programs and the lowered
+modules until the file is written. Each patch here gives the same ``.pte`` bytes (``tests/test_lower.py``)."""
 
 from __future__ import annotations
+
+import contextlib
+import gc
+from collections import Counter
 
 import torch
 
 from hub_export.patches import guarded
 
 
-def _program_tensors(program: torch.export.ExportedProgram) -> list[torch.Tensor]:
-    """Every tensor ``program`` holds as data: its state dict, its lifted constants, its graph module's attributes."""
+def _program_tensors(program: torch.export.ExportedProgram, inner: bool = False) -> list[torch.Tensor]:
+    """Every tensor ``program`` holds as data: its state dict, its lifted constants, its graph module's attributes;
+    with ``inner``, the tensors a tensor subclass (a quantized weight) is made of too."""
     tensors = [*program.state_dict.values(), *program.constants.values()]
     tensors += [value for value in vars(program.graph_module).values() if isinstance(value, torch.Tensor)]
     tensors += [*program.graph_module.parameters(), *program.graph_module.buffers()]
-    return [tensor for tensor in tensors if isinstance(tensor, torch.Tensor)]
+    tensors = [tensor for tensor in tensors if isinstance(tensor, torch.Tensor)]
+    if inner:
+        tensors += [part for tensor in tensors for part in _inner_tensors(tensor)]
+    return tensors
+
+
+def _inner_tensors(tensor: torch.Tensor) -> list[torch.Tensor]:
+    if not hasattr(tensor, "__tensor_flatten__") or type(tensor) in (torch.Tensor, torch.nn.Parameter):
+        return []
+    names, _ = tensor.__tensor_flatten__()
+    parts = [getattr(tensor, name) for name in names]
+    return parts + [inner for part in parts for inner in _inner_tensors(part)]
 
 
 @guarded(
@@ -55,34 +71,88 @@ def preprocessing_on_shared_weights():
 
 
 @guarded(
-    "forget-delegated-weights",
+    "release-packed-weights",
     "executorch",
     ("1.5.",),
-    upstream="LoweredBackendModule.original_module",
-    without="writing the file holds every delegated weight twice: as the graph had it and as XNNPACK packed it",
+    upstream="backend_api.lower_all_submodules_to_backend",
+    without="lowering holds every quantized weight beside what XNNPACK packed from it until the file is written"
+    " (at 1B parameters about 1.5 GB of int8 codes)",
 )
-def delegated_weights_forgotten(edge):
-    """Meanwhile, the partitions XNNPACK lowered keep their weights' shapes and dtypes, not their bytes.
+def packed_weights_released(programs: dict[str, torch.export.ExportedProgram]):
+    """Meanwhile, each quantized weight is let go as soon as XNNPACK has packed the last partition that reads it.
 
-    Each lowered module keeps the partition it was made from, weights included, although the file stores
-    what XNNPACK packed (at Phi-4-mini's widths, about 3.6 GB of int8 codes beside the 1.8 GB packed from them
-    while the file is written). ``to_executorch`` only runs that partition under fake tensors, to learn its outputs'
-    shapes, and the emitter reads its graph: a zero-stride stand-in of each weight's shape and dtype gives the
-    same ``.pte`` bytes (``tests/test_lower.py``) once nothing else holds the weights.
+    ``programs`` are handed over: once the Edge programs are made, which hold all lowering still needs, the dict is
+    emptied. ExecuTorch keeps every weight until the file is written: in the Edge programs until every partition is
+    packed, then in each lowered partition's own program (``original_module``), which ``to_executorch`` only runs
+    under fake tensors to learn its outputs' shapes. Once packed, a weight that lowering made for itself (the
+    unwrapped codes and scales of a quantized weight) becomes a zero-stride stand-in of its shape and dtype, wherever
+    lowering holds it; the caller's own tensors, and those the graph still reads outside XNNPACK, are left alone.
+    Same ``.pte`` bytes (``tests/test_lower.py``).
     """
-    from executorch.exir.lowered_backend_module import LoweredBackendModule
+    from executorch.exir.backend import backend_api
 
-    for method in edge.methods:
-        for module in edge.exported_program(method).graph_module.modules():
-            if isinstance(module, LoweredBackendModule):
-                _stand_in_weights(module.original_module)
-    yield
+    callers = {id(tensor) for program in programs.values() for tensor in _program_tensors(program, inner=True)}
+    stock = backend_api.lower_all_submodules_to_backend
+
+    def lowering_and_releasing(backend_id, method_to_submodules_nodes, method_to_tagged_edge_program):
+        programs.clear()  # the Edge programs hold what lowering needs from here on
+        gc.collect()  # a program's graph refers back to it: only the collector frees them
+        partitions = [node for nodes in method_to_submodules_nodes.values() for node in nodes]
+        uses = Counter(
+            key for node in partitions for key in {id(t) for t in _program_tensors(node.meta["submodule_program"])}
+        )
+        kept = callers | _read_beside(set(partitions), method_to_tagged_edge_program.values())
+        with _released_once_packed(uses, kept):
+            return stock(backend_id, method_to_submodules_nodes, method_to_tagged_edge_program)
+
+    backend_api.lower_all_submodules_to_backend = lowering_and_releasing
+    try:
+        yield
+    finally:
+        backend_api.lower_all_submodules_to_backend = stock
 
 
-def _stand_in_weights(program: torch.export.ExportedProgram) -> None:
-    for table in (program.state_dict, program.constants):
-        for name, value in list(table.items()):
-            if isinstance(value, torch.Tensor) and value.numel() > 1:
-                stand_in = torch.zeros((), dtype=value.dtype).expand(value.shape)
-                is_parameter = isinstance(value, torch.nn.Parameter)
-                table[name] = torch.nn.Parameter(stand_in, requires_grad=False) if is_parameter else stand_in
+def _read_beside(partitions: set, owners) -> set[int]:
+    """Ids of the tensors the owning programs' graphs read outside ``partitions`` (the lowered call nodes)."""
+    kept: set[int] = set()
+    for program in owners:
+        signature = program.graph_signature
+        sources = {**signature.inputs_to_parameters, **signature.inputs_to_buffers}
+        constants = signature.inputs_to_lifted_tensor_constants
+        for node in program.graph.nodes:
+            if node.op != "placeholder" or all(user in partitions for user in node.users):
+                continue
+            if node.name in sources:
+                kept.add(id(program.state_dict.get(sources[node.name], program.constants.get(sources[node.name]))))
+            elif node.name in constants:
+                kept.add(id(program.constants[constants[node.name]]))
+    return kept
+
+
+@contextlib.contextmanager
+def _released_once_packed(uses: Counter, kept: set[int]):
+    """Meanwhile, XNNPACK's preprocess stands in each weight it read once no partition left to pack reads it."""
+    from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
+
+    stock = XnnpackBackend.__dict__["preprocess"]
+
+    def preprocess(edge_program, compile_specs):
+        read = {id(tensor): tensor for tensor in _program_tensors(edge_program)}  # before XNNPACK replaces any
+        result = stock.__func__(edge_program, compile_specs)
+        for key, tensor in read.items():
+            uses[key] -= 1
+            if uses[key] == 0 and key not in kept:
+                _stand_in(tensor)
+        return result
+
+    XnnpackBackend.preprocess = staticmethod(preprocess)
+    try:
+        yield
+    finally:
+        XnnpackBackend.preprocess = stock
+
+
+def _stand_in(tensor: torch.Tensor) -> None:
+    """``tensor`` keeps its shape and dtype but no memory: every holder of this object sees a zero-stride view."""
+    if tensor.numel() > 1 and not isinstance(tensor, torch._subclasses.FakeTensor):
+        tensor.data = torch.zeros((), dtype=tensor.dtype).expand(tensor.shape)

@@ -19,7 +19,7 @@ from hub_export.patches.lowering import (
     skipping_idle_edge_passes,
     skipping_idle_xnnpack_passes,
 )
-from hub_export.patches.weights import delegated_weights_forgotten, preprocessing_on_shared_weights
+from hub_export.patches.weights import packed_weights_released, preprocessing_on_shared_weights
 
 
 def runner_metadata(
@@ -214,9 +214,9 @@ def to_pte(
     """Partition to XNNPACK, plan memory and write the ``.pte`` to ``path``; returns its size.
 
     ``program`` is the ``forward`` method, or one program per method name (a speech file's
-    encoder and decoder, a text file's ``forward`` and ``forward_rows``). A dict is emptied once its
-    programs are lowered: a caller that keeps no other reference to them (nor to the model they were
-    exported from) lets the weights XNNPACK packed go before the file is written.
+    encoder and decoder, a text file's ``forward`` and ``forward_rows``). A dict is emptied as lowering
+    starts: a caller that keeps no other reference to its programs (nor to the model they were exported
+    from) lets each quantized weight go as soon as XNNPACK has packed it.
 
     ``do_quant_fusion_and_const_prop`` folds torchao's weight-only dequantize patterns
     (e.g. quantized embeddings) into ops the runtime has kernels for.
@@ -238,9 +238,9 @@ def to_pte(
         del programs
         if isinstance(program, dict):
             program.clear()
-        release_memory()  # the exported programs' weights, where nothing else holds them
-        with delegated_weights_forgotten(edge):
-            executorch_program = edge.to_executorch(backend_config(tag, methods=methods, kept=kept))
+        del program
+        release_memory()  # the weights XNNPACK packed, where nothing else holds them
+        executorch_program = edge.to_executorch(backend_config(tag, methods=methods, kept=kept))
         del edge
         with open(path, "wb") as handle:
             executorch_program.write_to_file(handle)
@@ -256,23 +256,22 @@ def _partitioned(programs: dict, metadata: dict[str, Any], tag: str | None, kept
     """``programs`` in Edge dialect with XNNPACK's partitions lowered (an ``EdgeProgramManager``)."""
     from executorch.exir import to_edge_transform_and_lower
 
-    several = len(programs) > 1 or "forward" not in programs  # a lone forward is lowered as a plain program
     for name in programs:
         inferred_reshapes(programs[name])
         drop_provenance(programs[name])
     partitioners = {name: _partitioner_for(on_partition) for name in programs}
     with contextlib.ExitStack() as stack:
+        # Told the caller's tensors first; empties programs once the Edge programs are made.
+        stack.enter_context(packed_weights_released(programs))
         # Each method decomposed once where its partitioner takes every node it keeps whole.
-        ready = {
-            name: stack.enter_context(decomposing_once(each, partitioners[name])) or each
-            for name, each in programs.items()
-        }
+        for name in list(programs):
+            stack.enter_context(decomposing_once(programs, name, partitioners[name]))
         for patch in _partitioning_patches(on_partition):
             stack.enter_context(patch)
         return to_edge_transform_and_lower(
-            ready if several else ready["forward"],
+            programs,
             transform_passes=[_tag_weights_external(tag, kept)] if tag else None,
-            partitioner={name: [each] for name, each in partitioners.items()} if several else [partitioners["forward"]],
+            partitioner={name: [each] for name, each in partitioners.items()},
             compile_config=edge_compile_config(),
             constant_methods=metadata,
         )
