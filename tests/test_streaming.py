@@ -152,8 +152,10 @@ def test_the_reference_read_layer_by_layer_equals_the_whole_models(either_model)
 @pytest.mark.parametrize("share", [False, True])
 def test_a_variant_quantized_layer_by_layer_equals_the_whole_model_quantized(tiny_model, share, monkeypatch):
     """The same quantized weights as quantizing the whole model, with never more than one fp32 decoder layer
-    loaded: when a layer is read, every other one is still on the meta device or already quantized."""
+    loaded: when a layer is read, every other one is still on the meta device or already quantized; and the
+    embedding table (here also the head) is never read whole, only a slice of rows at a time."""
     from hub_export.pipeline import layerwise as layerwise_module
+    from hub_export.pipeline import quantize
     from hub_export.pipeline.calibrate import round_int4
     from hub_export.pipeline.quantize import quantize_model
     from hub_export.pipeline.source import Source
@@ -175,8 +177,20 @@ def test_a_variant_quantized_layer_by_layer_equals_the_whole_model_quantized(tin
         return original(self, index)
 
     monkeypatch.setattr(layerwise_module.LayerwiseModel, "load_layer", checked_load)
+    whole_reads, row_reads = [], []
+    read, read_rows = layerwise_module.Checkpoint.read, layerwise_module.Checkpoint.read_rows
+    monkeypatch.setattr(
+        layerwise_module.Checkpoint, "read", lambda self, names: whole_reads.extend(names) or read(self, names)
+    )
+    monkeypatch.setattr(layerwise_module.Checkpoint, "read_rows",
+                        lambda self, name, a, b: row_reads.append((name, b - a)) or read_rows(self, name, a, b))  # fmt: skip
+    vocab, width = whole.get_input_embeddings().weight.shape
+    monkeypatch.setattr(quantize, "SLICE_BYTES", 40 * width * 4)  # 40 rows a slice
     streamed, fallback = quantized_model(Source(tiny_model, "tiny", None, True), "8da4w", options, recipe, print)
     assert len(loads) == 2 and loads == [[], []]  # no fp32 matrix of an earlier layer left behind
+    assert "model.embed_tokens.weight" not in whole_reads
+    assert {name for name, _ in row_reads} == {"model.embed_tokens.weight"}
+    assert sum(rows for _, rows in row_reads) == 2 * vocab and max(rows for _, rows in row_reads) == 40  # table, head
     assert fallback == []
     ours, theirs = dict(streamed.named_modules()), dict(whole.named_modules())
     for name, module in theirs.items():
@@ -209,6 +223,13 @@ def test_a_checkpoint_that_cannot_be_read_layer_by_layer_is_refused_in_one_line(
     layerwise.load_layer(0)
     with pytest.raises(SourceError, match="has no weight 'model.layers.1.mlp.down_proj.weight'"):
         layerwise.load_layer(1)
+
+    tensors["model.embed_tokens.weight"] = tensors["model.embed_tokens.weight"][:-1]  # a table one row short
+    save_file(tensors, weights)
+    for tables in (True, False):  # read whole, or left on disk for a quantizer to read in slices
+        with pytest.raises(SourceError, match="the checkpoint's model.embed_tokens.weight is shaped") as refused:
+            LayerwiseModel.open(folder, tables=tables)
+        assert "\n" not in str(refused.value)
 
 
 def test_an_export_that_cannot_fit_is_refused_before_any_work_with_the_estimate(tiny_model, tmp_path, monkeypatch):

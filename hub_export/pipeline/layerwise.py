@@ -87,6 +87,13 @@ class Checkpoint:
                     del mapped
         return tensors
 
+    def shape(self, name: str) -> tuple[int, ...]:
+        """The shape tensor ``name`` is stored with, read from its file's header."""
+        from safetensors import safe_open
+
+        with safe_open(str(self.files[name]), framework="pt") as handle:
+            return tuple(handle.get_slice(name).get_shape())
+
     def read_rows(self, name: str, start: int, stop: int) -> torch.Tensor:
         """Rows ``start:stop`` of tensor ``name`` as a float32 copy: the rest of it is never read."""
         import torch
@@ -208,18 +215,22 @@ class LayerwiseModel:
         torch.Size([3, 49152])
     """
 
-    def __init__(self, model: nn.Module, checkpoint: Checkpoint):
+    def __init__(self, model: nn.Module, checkpoint: Checkpoint, tables: bool = True):
         self.model = model
         self.checkpoint = checkpoint
         self.prefix, self.layers = decoder_layers(model)
         self.count = len(self.layers)
         self._aliases = _parameter_aliases(model)
         outer = [name for name in self._aliases if not self._in_layers(name)]
-        self._assign(self._read(outer))
+        on_disk = [] if tables else self._table_names()
+        self._assign(self._read([name for name in outer if name not in on_disk]))
+        self._leave_on_disk(on_disk)
 
     @classmethod
-    def open(cls, folder: Path, trust_remote_code: bool = False) -> LayerwiseModel:
-        """Build ``folder``'s model on the meta device and load its outer parts.
+    def open(cls, folder: Path, trust_remote_code: bool = False, tables: bool = True) -> LayerwiseModel:
+        """Build ``folder``'s model on the meta device and load its outer parts; with ``tables=False``, all but the
+        input embedding table and a linear output head's weight, which stay on disk as :meth:`release_tables`
+        leaves them (for a quantizer that reads them a slice of rows at a time).
 
         Raises:
             SourceError: the checkpoint does not hold the weights the model's class expects under its names.
@@ -234,7 +245,7 @@ class LayerwiseModel:
                 config, dtype=torch.float32, trust_remote_code=trust_remote_code
             )
         model.tie_weights()  # built on meta, transformers leaves tied weights apart until asked
-        return cls(model.eval(), Checkpoint(folder))
+        return cls(model.eval(), Checkpoint(folder), tables)
 
     @staticmethod
     def can_stream(folder: Path) -> bool:
@@ -316,7 +327,12 @@ class LayerwiseModel:
         """Let the float32 input embedding table and the output head's weight go once every pass has started
         (each 2.5 GB at Phi-4-mini's widths): the layers are all a walk needs after :meth:`start`, which reads the
         table back when it runs again, and what comes after the walk reads the head a slice of rows at a time
-        (:meth:`head_rows`)."""
+        (:meth:`head_rows`). Each module whose weight went carries its :class:`StoredRows` as ``stored_rows``."""
+        self._leave_on_disk(self._table_names())
+
+    def _table_names(self) -> list[str]:
+        """The input embedding table and a linear output head's weight (tied or not); none when a head of another
+        kind runs whole over the table."""
         import torch
 
         head = self.model.get_output_embeddings()
@@ -324,8 +340,20 @@ class LayerwiseModel:
         if isinstance(head, torch.nn.Linear):
             names.append(self._name_of(head))
         elif head is not None and head.weight is self.model.get_input_embeddings().weight:
-            return  # a head of its own kind over the table: it runs whole, so the table stays
-        self._unload([name for name in dict.fromkeys(names) if not self._is_meta(name)])
+            return []
+        return list(dict.fromkeys(names))
+
+    def _leave_on_disk(self, names: list[str]) -> None:
+        self._unload([name for name in names if not self._is_meta(name)])
+        for name in self._present(names):
+            stored = self._stored_name(name)
+            shape = self.checkpoint.shape(stored)
+            for module, attribute in self._aliases[name]:
+                if tuple(module._parameters[attribute].shape) != shape:
+                    raise SourceError(f"the checkpoint's {name} is shaped {shape}; the config makes it "
+                                      f"{tuple(module._parameters[attribute].shape)}")  # fmt: skip
+                if attribute == "weight":
+                    module.stored_rows = StoredRows(self.checkpoint, stored, shape)
 
     def _is_meta(self, name: str) -> bool:
         module, attribute = self._aliases[name][0]

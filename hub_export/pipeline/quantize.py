@@ -200,38 +200,64 @@ def _quantize(model: nn.Module, config, filter_fn: Callable[[nn.Module, str], bo
         _quantize_in_slices(model.get_submodule(fqn), config)
 
 
+STORED_ROWS = "stored_rows"
+"""The attribute of a module whose weight is still on disk (on the meta device): where its float32 rows are read
+from (``rows[a:b]``, a :class:`~hub_export.pipeline.layerwise.StoredRows`); it is quantized from there."""
+
+
 def _sliceable(module: nn.Module) -> bool:
     weight = getattr(module, "weight", None)
-    return (_is_linear(module) or _is_embedding(module)) and weight is not None and weight.numel() * 4 > SLICE_BYTES
+    if not (_is_linear(module) or _is_embedding(module)) or weight is None:
+        return False
+    return hasattr(module, STORED_ROWS) or weight.numel() * 4 > SLICE_BYTES
 
 
 def _quantize_in_slices(module: nn.Module, config) -> None:
+    """``module``'s weight quantized a slice of rows at a time, from its stored rows or its own, into one
+    quantized weight allocated once (no second copy of its codes while they are joined)."""
+    import torch
+
+    stored = getattr(module, STORED_ROWS, None)
+    source = module.weight.detach() if stored is None else stored
+    total, width = source.shape
+    step = max(1, SLICE_BYTES // (width * 4))
+    joined = None
+    for start in range(0, total, step):
+        piece = _quantized_rows(module, source[start : start + step], config)  # a view, or rows read from disk
+        joined = _rows_of(piece, total) if joined is None else joined
+        for name in type(piece).tensor_data_names:
+            getattr(joined, name)[start : start + step] = getattr(piece, name)
+        del piece
+    module.weight = torch.nn.Parameter(joined, requires_grad=False)
+    if stored is not None:
+        delattr(module, STORED_ROWS)
+
+
+def _quantized_rows(module: nn.Module, rows, config):
+    """``rows`` of ``module``'s weight quantized as ``config`` says, by torchao, as a weight of their own."""
     import torch
     from torchao.quantization import quantize_
 
-    weight = module.weight.detach()
-    step = max(1, SLICE_BYTES // (weight.shape[1] * 4))
-    parts = []
-    for start in range(0, weight.shape[0], step):
-        rows = weight[start : start + step]  # a view: nothing is copied until torchao rounds it
-        if _is_linear(module):
-            piece = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
-        else:
-            piece = torch.nn.Embedding(rows.shape[0], rows.shape[1], device="meta")
-        piece.weight = torch.nn.Parameter(rows, requires_grad=False)
-        quantize_(piece, config, filter_fn=lambda candidate, fqn, piece=piece: candidate is piece)
-        parts.append(piece.weight.detach())
-    module.weight = torch.nn.Parameter(_joined(parts), requires_grad=False)
+    if _is_linear(module):
+        piece = torch.nn.Linear(rows.shape[1], rows.shape[0], bias=False, device="meta")
+    else:
+        piece = torch.nn.Embedding(rows.shape[0], rows.shape[1], device="meta")
+    piece.weight = torch.nn.Parameter(rows, requires_grad=False)
+    quantize_(piece, config, filter_fn=lambda candidate, fqn: candidate is piece)
+    return piece.weight.detach()
 
 
-def _joined(parts: list):
-    """Row slices of a torchao-quantized weight as one weight of their class: each tensor it holds (codes, scales,
-    zero points) joined along the rows, the attributes (block size, dtypes) those of the first."""
+def _rows_of(part, total: int):
+    """An empty quantized weight of ``part``'s class with ``total`` rows: each tensor it holds (codes, scales, zero
+    points) as tall as that, the attributes (block size, dtypes) ``part``'s."""
     import torch
 
-    kind = type(parts[0])
-    data = [torch.cat([getattr(part, name) for part in parts]) for name in kind.tensor_data_names]
-    return kind(*data, *(getattr(parts[0], name) for name in kind.tensor_attribute_names))
+    kind = type(part)
+    data = [
+        torch.empty((total, *getattr(part, name).shape[1:]), dtype=getattr(part, name).dtype)
+        for name in kind.tensor_data_names
+    ]
+    return kind(*data, *(getattr(part, name) for name in kind.tensor_attribute_names))
 
 
 def _ungroupable(model: nn.Module, group_size: int, exclude: tuple, only: Callable[[str], bool]) -> list[str]:
