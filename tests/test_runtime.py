@@ -54,3 +54,24 @@ def test_a_failing_runner_says_why_in_one_line(exported_multi, tmp_path):
     with pytest.raises(RuntimeError, match="tokenizer") as caught:
         runner_generate(exported_multi / "model-8da4w-emb8w.pte", bad, "Once upon a time", 5)
     assert "\n" not in str(caught.value)
+
+
+def test_verification_hands_the_heap_back_to_the_os_as_the_runtime_steps(exported_multi, monkeypatch):
+    """The runtime's thousands of single-token steps free their temporaries in pieces the heap keeps (an export's
+    process grew by 0.9 GB over verification at Llama 3.2 1B's widths): each progress line hands them back."""
+    import torch
+
+    from hub_export.pipeline import verify
+    from hub_export.runtime.pte import PteModel
+
+    said, trims = [], []
+    monkeypatch.setattr(verify, "trim_heap", lambda: trims.append(len(said)))
+    pte = PteModel(exported_multi / "model-8da4w-emb8w.pte")
+    window = torch.randint(0, int(pte.metadata["get_vocab_size"]), (1, 41))
+    target, top = verify.runtime_scores(pte, [window], said.append)
+    assert target.shape == top.shape == (40,)
+    assert [line.split(",")[0] for line in said] == [
+        "verifying: 16 of 40 runtime steps",
+        "verifying: 32 of 40 runtime steps",
+    ]
+    assert trims == [0, 1]  # as each progress line comes

@@ -33,7 +33,7 @@ import torch
 
 from hub_export.bug_log import as_bug
 from hub_export.errors import VerificationError, first_line
-from hub_export.patches import set_threads
+from hub_export.patches import release_memory, set_threads, trim_heap
 from hub_export.pipeline.records import Quality, Verification
 from hub_export.progress import time_left
 from hub_export.runtime.pte import PteModel, runner_generate
@@ -370,6 +370,7 @@ class _Steps:
             yield row
             self.done += 1
             if self.done % self.every == 0:
+                trim_heap()  # the steps' freed temporaries, which the heap would otherwise keep
                 self.say(
                     f"verifying: {self.done} of {self.total} runtime steps{time_left(self.started, self.done, self.total)}"
                 )
@@ -503,6 +504,7 @@ def verify(
         text = _runtime_text(pte, seq.windows, reference.fp32_text, expected.text, steps)
         second = _runtime_text(pte, seq.second_windows, reference.fp32_second, None, steps)
         del pte  # the runner below loads its own copy of the program
+        release_memory()  # before the runner's process starts beside this one
     except VerificationError as error:  # the file's own failure: it does not load, run or return logits
         return judgement.result(False, f"runtime error: {first_line(error)[:200]}")
     except Exception as error:  # anything else is hub-export's bug, not the file's
