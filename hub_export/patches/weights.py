@@ -6,7 +6,9 @@ from __future__ import annotations
 
 import contextlib
 import gc
+import weakref
 from collections import Counter
+from collections.abc import Callable
 
 import torch
 
@@ -91,7 +93,8 @@ def packed_weights_released(programs: dict[str, torch.export.ExportedProgram]):
     """
     from executorch.exir.backend import backend_api
 
-    callers = {id(tensor) for program in programs.values() for tensor in _program_tensors(program, inner=True)}
+    # Weak references: an id alone could name a tensor made later, once the caller's is gone.
+    callers = {id(t): weakref.ref(t) for program in programs.values() for t in _program_tensors(program, inner=True)}
     stock = backend_api.lower_all_submodules_to_backend
 
     def lowering_and_releasing(backend_id, method_to_submodules_nodes, method_to_tagged_edge_program):
@@ -101,7 +104,12 @@ def packed_weights_released(programs: dict[str, torch.export.ExportedProgram]):
         uses = Counter(
             key for node in partitions for key in {id(t) for t in _program_tensors(node.meta["submodule_program"])}
         )
-        kept = callers | _read_beside(set(partitions), method_to_tagged_edge_program.values())
+        beside = _read_beside(set(partitions), method_to_tagged_edge_program.values())
+
+        def kept(tensor: torch.Tensor) -> bool:
+            caller = callers.get(id(tensor))
+            return id(tensor) in beside or (caller is not None and caller() is tensor)
+
         with _released_once_packed(uses, kept):
             return stock(backend_id, method_to_submodules_nodes, method_to_tagged_edge_program)
 
@@ -130,7 +138,7 @@ def _read_beside(partitions: set, owners) -> set[int]:
 
 
 @contextlib.contextmanager
-def _released_once_packed(uses: Counter, kept: set[int]):
+def _released_once_packed(uses: Counter, kept: Callable[[torch.Tensor], bool]):
     """Meanwhile, XNNPACK's preprocess stands in each weight it read once no partition left to pack reads it."""
     from executorch.backends.xnnpack.xnnpack_preprocess import XnnpackBackend
 
@@ -141,7 +149,7 @@ def _released_once_packed(uses: Counter, kept: set[int]):
         result = stock.__func__(edge_program, compile_specs)
         for key, tensor in read.items():
             uses[key] -= 1
-            if uses[key] == 0 and key not in kept:
+            if uses[key] == 0 and not kept(tensor):
                 _stand_in(tensor)
         return result
 
