@@ -30,6 +30,7 @@ from pathlib import Path
 from typing import TYPE_CHECKING, Any
 
 from hub_export.errors import SourceError
+from hub_export.pipeline.quantize import STORED_ROWS
 from hub_export.progress import time_left
 
 if TYPE_CHECKING:
@@ -327,7 +328,7 @@ class LayerwiseModel:
         """Let the float32 input embedding table and the output head's weight go once every pass has started
         (each 2.5 GB at Phi-4-mini's widths): the layers are all a walk needs after :meth:`start`, which reads the
         table back when it runs again, and what comes after the walk reads the head a slice of rows at a time
-        (:meth:`head_rows`). Each module whose weight went carries its :class:`StoredRows` as ``stored_rows``."""
+        (:meth:`head_rows`). Each module whose weight went carries its :class:`StoredRows` (:data:`~hub_export.pipeline.quantize.STORED_ROWS`)."""
         self._leave_on_disk(self._table_names())
 
     def _table_names(self) -> list[str]:
@@ -353,7 +354,7 @@ class LayerwiseModel:
                     raise SourceError(f"the checkpoint's {name} is shaped {shape}; the config makes it "
                                       f"{tuple(module._parameters[attribute].shape)}")  # fmt: skip
                 if attribute == "weight":
-                    module.stored_rows = StoredRows(self.checkpoint, stored, shape)
+                    setattr(module, STORED_ROWS, StoredRows(self.checkpoint, stored, shape))
 
     def _is_meta(self, name: str) -> bool:
         module, attribute = self._aliases[name][0]
