@@ -122,6 +122,13 @@ class StoredRows:
         return self.checkpoint.read_rows(self.name, start, stop)
 
 
+def _check_shape(name: str, module: nn.Module, attribute: str, stored: tuple[int, ...]) -> None:
+    """Raise :class:`SourceError` when the checkpoint stores ``name`` in another shape than the config builds."""
+    expected = tuple(module._parameters[attribute].shape)
+    if expected != stored:
+        raise SourceError(f"the checkpoint's {name} is shaped {stored}; the config makes it {expected}")
+
+
 def decoder_layers(model: nn.Module) -> tuple[str, nn.ModuleList]:
     """The name and the list of ``model``'s decoder layers (the module list as long as its layer count)."""
     from torch import nn
@@ -290,11 +297,7 @@ class LayerwiseModel:
         for name, tensor in tensors.items():
             param = torch.nn.Parameter(tensor, requires_grad=False)
             for module, attribute in self._aliases[name]:
-                expected = module._parameters[attribute].shape
-                if expected != tensor.shape:
-                    raise SourceError(
-                        f"the checkpoint's {name} is shaped {tuple(tensor.shape)}; the config makes it {tuple(expected)}"
-                    )
+                _check_shape(name, module, attribute, tuple(tensor.shape))
                 module._parameters[attribute] = param
 
     def layer_names(self, index: int) -> list[str]:
@@ -328,7 +331,8 @@ class LayerwiseModel:
         """Let the float32 input embedding table and the output head's weight go once every pass has started
         (each 2.5 GB at Phi-4-mini's widths): the layers are all a walk needs after :meth:`start`, which reads the
         table back when it runs again, and what comes after the walk reads the head a slice of rows at a time
-        (:meth:`head_rows`). Each module whose weight went carries its :class:`StoredRows` (:data:`~hub_export.pipeline.quantize.STORED_ROWS`)."""
+        (:meth:`head_rows`). Each module whose weight went carries its :class:`StoredRows`
+        (:data:`~hub_export.pipeline.quantize.STORED_ROWS`)."""
         self._leave_on_disk(self._table_names())
 
     def _table_names(self) -> list[str]:
@@ -350,9 +354,7 @@ class LayerwiseModel:
             stored = self._stored_name(name)
             shape = self.checkpoint.shape(stored)
             for module, attribute in self._aliases[name]:
-                if tuple(module._parameters[attribute].shape) != shape:
-                    raise SourceError(f"the checkpoint's {name} is shaped {shape}; the config makes it "
-                                      f"{tuple(module._parameters[attribute].shape)}")  # fmt: skip
+                _check_shape(name, module, attribute, shape)
                 if attribute == "weight":
                     setattr(module, STORED_ROWS, StoredRows(self.checkpoint, stored, shape))
 
@@ -373,7 +375,7 @@ class LayerwiseModel:
         head = self.model.get_output_embeddings()
         if head is None or head.weight.device.type != "meta":
             return None
-        return StoredRows(self.checkpoint, self._stored_name(self._name_of(head)), tuple(head.weight.shape))
+        return getattr(head, STORED_ROWS)  # a head is let go only by _leave_on_disk, which hangs its rows on it
 
     def _inputs(self, window: torch.Tensor) -> dict[str, torch.Tensor]:
         """What the model's forward is given for ``window`` when the stand-ins replace every layer's output:
